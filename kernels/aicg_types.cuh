@@ -1,0 +1,39 @@
+// Element types and vector packs. Self-contained on purpose: every byte the
+// compiler reads is hashed into the compile key, so no system header is used.
+#pragma once
+
+namespace aicg {
+
+// bfloat16 as its 16 storage bits; arithmetic always happens in float.
+struct bf16 { unsigned short bits; };
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((unsigned)v.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {
+  // Round to nearest even, NaN kept quiet (sm_80+ conversion instruction).
+  unsigned short out;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(v));
+  return bf16{out};
+}
+
+// V consecutive elements moved as one access of V * sizeof(T) bytes.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack { T v[V]; };
+
+template <int V, typename T>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& pack) {
+  *reinterpret_cast<Pack<T, V>*>(p) = pack;
+}
+
+template <bool FAST>
+__device__ __forceinline__ float exp_(float x) { return FAST ? __expf(x) : expf(x); }
+
+}  // namespace aicg

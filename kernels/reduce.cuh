@@ -1,0 +1,58 @@
+// Fixed-order reductions over the threads that own one row: a warp-shuffle
+// butterfly, then (block topology) one partial per warp through shared memory.
+// The order depends only on THREADS, TOPOLOGY and cols, so results are
+// bitwise reproducible from run to run.
+#pragma once
+#include "aicg_types.cuh"
+
+namespace aicg {
+
+enum Topology { WARP_PER_ROW = 0, BLOCK_PER_ROW = 1 };
+
+struct Sum {
+  __device__ float identity() const { return 0.0f; }
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+struct Max {
+  __device__ float identity() const { return -__int_as_float(0x7f800000); }
+  // fmaxf drops NaN; a NaN anywhere in the row must reach the output.
+  __device__ float operator()(float a, float b) const { return (a != a || a > b) ? a : b; }
+};
+
+__device__ __forceinline__ float shfl_xor(float v, int mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+
+// Row-group geometry for a launch: which row this thread serves and its lane.
+template <int THREADS, int TOPOLOGY>
+struct RowGroup {
+  static constexpr int lanes = TOPOLOGY == WARP_PER_ROW ? 32 : THREADS;
+  static constexpr int rows_per_block = THREADS / lanes;
+  __device__ static long long row() {
+    return (long long)blockIdx.x * rows_per_block + (TOPOLOGY == WARP_PER_ROW ? threadIdx.x / 32 : 0);
+  }
+  __device__ static int lane() { return threadIdx.x % lanes; }
+};
+
+// Combine `v` over the row group; every thread of the group gets the result.
+// State needs shfl_xor(State, int) and the Op needs operator()(State, State).
+template <int THREADS, int TOPOLOGY, typename State, typename Op>
+__device__ __forceinline__ State row_reduce(State v, Op op) {
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) v = op(v, shfl_xor(v, mask));
+  if (TOPOLOGY == WARP_PER_ROW || THREADS == 32) return v;
+
+  constexpr int warps = THREADS / 32;
+  __shared__ State partial[warps];
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  // Every thread folds the warp partials in the same order, so all agree.
+  State total = partial[0];
+#pragma unroll
+  for (int i = 1; i < warps; ++i) total = op(total, partial[i]);
+  __syncthreads();  // partial[] is reused by the row's next reduction
+  return total;
+}
+
+}  // namespace aicg
