@@ -1,0 +1,42 @@
+"""Codegen: a candidate becomes a small, complete CUDA source.
+
+The source includes the family's header and defines one extern "C" entry,
+`aicg_kernel`, that instantiates the family's template with the candidate's
+parameters. Nothing else is pasted: the algorithm lives in kernels/, and a
+compiler error points at the header's own file and line.
+"""
+from __future__ import annotations
+
+from .dtypes import DTYPES
+from .ops import OPERATORS
+from .semantics.ruleset import Family
+
+ENTRY = "aicg_kernel"
+TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW"}
+
+
+def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> str:
+    dtype = DTYPES[dtype_name]
+    op = OPERATORS[family.op]
+    vec = params["vec_bytes"] // dtype.size
+    template_args = [dtype.ctype, str(params["threads"]), str(vec), TOPOLOGIES[params["topology"]],
+                     "true" if params["fast_exp"] else "false"]
+    settings = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+    signature = ",\n    ".join(op.kernel_params(dtype.ctype))
+    return (
+        f"// aicg candidate {candidate_id}\n"
+        f"// family {family.name} ({family.header}), dtype {dtype_name}, {settings}\n"
+        f'#include "{family.header}"\n'
+        f"\n"
+        f'extern "C" __global__ void __launch_bounds__({params["threads"]})\n'
+        f"{ENTRY}(\n    {signature}) {{\n"
+        f"  {family.function}<{', '.join(template_args)}>({', '.join(op.argument_names())});\n"
+        f"}}\n"
+    )
+
+
+def launch_geometry(params: dict, rows: int) -> tuple[int, int]:
+    """(blocks, threads per block) that cover `rows` rows."""
+    threads = params["threads"]
+    rows_per_block = threads // 32 if params["topology"] == "warp" else 1
+    return (rows + rows_per_block - 1) // rows_per_block, threads

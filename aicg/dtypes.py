@@ -1,0 +1,44 @@
+"""Element types aicg generates kernels for, and their host-side encoding.
+
+numpy has no bfloat16, so bfloat16 arrays live on the host as their uint16
+bit patterns; `encode` rounds float values to the dtype (round to nearest
+even, as the device does) and `decode` widens them back to float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    ctype: str          # the element type in kernels/
+    size: int           # bytes
+    storage: type       # numpy dtype of the host bits
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        return _ENCODERS[self.name](np.asarray(values, dtype=np.float32))
+
+    def decode(self, stored: np.ndarray) -> np.ndarray:
+        return _DECODERS[self.name](stored)
+
+
+def _to_bf16_bits(f32: np.ndarray) -> np.ndarray:
+    bits = f32.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(f32), np.uint16(0x7FC0), rounded)
+
+
+def _from_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+_ENCODERS = {"float32": lambda a: a.copy(), "bfloat16": _to_bf16_bits}
+_DECODERS = {"float32": lambda a: a.astype(np.float32), "bfloat16": _from_bf16_bits}
+
+DTYPES: dict[str, DType] = {
+    "float32": DType("float32", "float", 4, np.float32),
+    "bfloat16": DType("bfloat16", "aicg::bf16", 2, np.uint16),
+}

@@ -1,0 +1,98 @@
+"""NVRTC through cuda-python: source and headers in, cubin and resource report out.
+
+Headers are handed to NVRTC from memory, exactly the bytes that were hashed
+into the compile key, so no file read behind the key's back can change a
+cubin. The resource report (registers, shared memory, spills) comes from
+ptxas' verbose output; lines that vary between runs (timings) are dropped
+so that the same inputs give the same artifact.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import CompileError
+
+OPTIONS = ("-std=c++17", "--ptxas-options=-v")
+
+_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+# Count of compilations in this process: tests check restores run none.
+compilations = 0
+
+
+def include_closure(header: str, kernels_dir: Path) -> dict[str, bytes]:
+    """Every header of kernels/ that `header` includes, transitively, by name."""
+    found: dict[str, bytes] = {}
+    pending = [header]
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        path = Path(kernels_dir) / name
+        try:
+            found[name] = path.read_bytes()
+        except FileNotFoundError:
+            raise CompileError(f"{path}: included header not found") from None
+        pending.extend(m.decode() for m in _INCLUDE.findall(found[name]))
+    return dict(sorted(found.items()))
+
+
+def _check(result, what: str, log: str = ""):
+    from cuda.bindings import nvrtc
+    err = result[0]
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"NVRTC {what} failed: {err.name}\n{log}")
+    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+
+
+def _program_log(prog) -> str:
+    from cuda.bindings import nvrtc
+    size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+    buf = b" " * size
+    _check(nvrtc.nvrtcGetProgramLog(prog, buf), "log")
+    return buf.rstrip(b"\x00 ").decode(errors="replace")
+
+
+def parse_report(log: str) -> dict:
+    """Registers, shared memory, stack and spills of the entry from ptxas -v."""
+    def number(pattern: str) -> int:
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+    return {
+        "registers": number(r"Used (\d+) registers"),
+        "shared_bytes": number(r"(\d+) bytes smem"),
+        "stack_bytes": number(r"(\d+) bytes stack frame"),
+        "spill_store_bytes": number(r"(\d+) bytes spill stores"),
+        "spill_load_bytes": number(r"(\d+) bytes spill loads"),
+        "barriers": number(r"used (\d+) barriers"),
+    }
+
+
+def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch: str,
+                  header_dir: str = "kernels") -> tuple[bytes, dict, str]:
+    """(cubin, resource report, compiler log) or CompileError naming files and lines."""
+    global compilations
+    from cuda.bindings import nvrtc
+
+    names = list(headers)
+    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), source_name.encode(), len(names),
+                                           [headers[n] for n in names], [n.encode() for n in names]),
+                  "create program")
+    try:
+        options = [f"-arch={arch}".encode(), *(o.encode() for o in OPTIONS)]
+        compilations += 1
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+        log = _program_log(prog)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            # NVRTC names headers by include name; point at their files.
+            for name in names:
+                log = log.replace(f"{name}(", f"{header_dir}/{name}(")
+            raise CompileError(f"NVRTC could not compile {source_name} for {arch}:\n{log.strip()}")
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "get cubin")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    stable_log = "\n".join(line for line in log.splitlines() if "Compile time" not in line).strip()
+    return cubin, parse_report(stable_log), stable_log

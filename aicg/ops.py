@@ -1,0 +1,80 @@
+"""Operator mechanics: kernel signatures, float64 references and error scales.
+
+The atlas (rulesets/atlas.toml) says what an operator means; this registry
+says how aicg calls and checks it. Every operator works on rows of a
+row-major matrix x of shape (rows, cols).
+
+`reference` returns (y, scale) in float64: the exact result on the given
+(already rounded) inputs, and the magnitude errors are measured against,
+|y - ref| <= atol + rtol * scale. For sums the natural scale is sum|x| (the
+sum's condition), not |sum x|, which can be arbitrarily small.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    vectors: tuple[str, ...]          # per-column inputs besides x, in argument order
+    output: str                       # "matrix" (rows, cols) or "rows" (rows,)
+    scalars: tuple[tuple[str, float], ...]
+    reference: Callable
+
+    def kernel_params(self, ctype: str) -> list[str]:
+        """C++ parameter list of the generated kernel, in launch order."""
+        params = [f"const {ctype}* __restrict__ x"]
+        params += [f"const {ctype}* __restrict__ {v}" for v in self.vectors]
+        params += [f"{ctype}* __restrict__ y", "int rows", "int cols"]
+        params += [f"float {name}" for name, _ in self.scalars]
+        return params
+
+    def argument_names(self) -> list[str]:
+        return ["x", *self.vectors, "y", "rows", "cols", *(n for n, _ in self.scalars)]
+
+    def output_shape(self, rows: int, cols: int) -> tuple[int, ...]:
+        return (rows, cols) if self.output == "matrix" else (rows,)
+
+
+def _softmax(x, **_):
+    z = np.exp(x - x.max(axis=1, keepdims=True))
+    y = z / z.sum(axis=1, keepdims=True)
+    return y, np.abs(y)
+
+
+def _row_sum(x, **_):
+    return x.sum(axis=1), np.abs(x).sum(axis=1)
+
+
+def _row_max(x, **_):
+    y = x.max(axis=1)
+    return y, np.abs(y)
+
+
+def _rmsnorm(x, w, eps, **_):
+    r = 1.0 / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps)
+    y = x * r * w
+    return y, np.abs(y)
+
+
+def _layernorm(x, w, b, eps, **_):
+    mu = x.mean(axis=1, keepdims=True)
+    r = 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=1, keepdims=True) + eps)
+    y = (x - mu) * r * w + b
+    # x - mu cancels: its error scales with |x| + |mu|, not with |x - mu|.
+    return y, (np.abs(x) + np.abs(mu)) * r * np.abs(w) + np.abs(b)
+
+
+OPERATORS: dict[str, Operator] = {
+    "softmax": Operator("softmax", (), "matrix", (), _softmax),
+    "row_sum": Operator("row_sum", (), "rows", (), _row_sum),
+    "row_max": Operator("row_max", (), "rows", (), _row_max),
+    "rmsnorm": Operator("rmsnorm", ("w",), "matrix", (("eps", EPS),), _rmsnorm),
+    "layernorm": Operator("layernorm", ("w", "b"), "matrix", (("eps", EPS),), _layernorm),
+}

@@ -1,0 +1,139 @@
+"""The planner: legal (family, parameters) candidates, ranked by a cost prior.
+
+For each legal family and dtype the planner forms every parameter
+combination the family allows, drops those the target cannot run or the
+rules forbid, predicts each one's time on the workload's shapes from
+datasheet facts, and keeps the best few. Validation and timing on the device
+decide among the survivors.
+
+The prior is deliberately simple (bytes over bandwidth, scaled by how much of
+the machine and of each access the launch uses); it only has to put good
+candidates ahead of bad ones. Measured primitives replace it later.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from .dtypes import DTYPES
+from .ops import OPERATORS
+from .semantics.legality import Legality
+from .semantics.ruleset import Family
+
+# The hwdb facts the plan reads; nothing else of the entry reaches its key.
+PLAN_FACTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
+              "dram_bandwidth", "l2_cache")
+
+LAUNCH_SECONDS = 3e-6          # a kernel launch and its tail, order of magnitude
+CACHED_SWEEP_SPEEDUP = 3.0     # a re-read that hits L2 against one from DRAM
+BYTES_IN_FLIGHT_PER_THREAD = 16  # what saturates DRAM: one 16-byte access per resident thread
+BLOCK_REDUCTION_SECONDS = 1e-6  # a shared-memory reduction with two barriers, per block wave
+
+_WHEN = {
+    "wider_than_element": lambda value, dtype: value > dtype.size,
+    "true": lambda value, dtype: bool(value),
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    op: str
+    family: str
+    dtype: str
+    params: dict
+    rules: tuple[str, ...]
+    predicted_seconds: tuple[float, ...]   # one per workload shape
+
+    @property
+    def score(self) -> float:
+        """Geometric mean of the predicted times: every shape counts alike."""
+        return math.exp(sum(math.log(t) for t in self.predicted_seconds) / len(self.predicted_seconds))
+
+    def as_record(self) -> dict:
+        return {"id": self.id, "op": self.op, "family": self.family, "dtype": self.dtype,
+                "params": self.params, "rules": list(self.rules),
+                "predicted_seconds": list(self.predicted_seconds)}
+
+    @classmethod
+    def from_record(cls, r: dict) -> "Candidate":
+        return cls(r["id"], r["op"], r["family"], r["dtype"], dict(r["params"]), tuple(r["rules"]),
+                   tuple(r["predicted_seconds"]))
+
+
+def candidate_id(family: str, dtype: str, p: dict) -> str:
+    fast = ".fastexp" if p["fast_exp"] else ""
+    return f"{family}.{dtype}.t{p['threads']}.v{p['vec_bytes']}.{p['topology']}{fast}"
+
+
+def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, int], hw: dict) -> float:
+    rows, cols = shape
+    dtype = DTYPES[dtype_name]
+    op = OPERATORS[family.op]
+    threads = p["threads"]
+    lanes = 32 if p["topology"] == "warp" else threads
+    rows_per_block = threads // lanes
+    blocks = math.ceil(rows / rows_per_block)
+    vec = p["vec_bytes"] // dtype.size if cols % max(1, p["vec_bytes"] // dtype.size) == 0 else 1
+
+    blocks_per_sm = min(hw["max_blocks_per_sm"], hw["max_threads_per_sm"] // threads)
+    resident_blocks = min(blocks, hw["sm_count"] * blocks_per_sm)
+    waves = math.ceil(blocks / (hw["sm_count"] * blocks_per_sm))
+
+    # Bytes: the first sweep and the write go to DRAM; later sweeps hit L2
+    # when the rows being worked on at once fit in it.
+    row_bytes = cols * dtype.size
+    out_bytes = rows * (cols if op.output == "matrix" else 1) * dtype.size
+    vector_bytes = len(op.vectors) * row_bytes
+    resident_fits = resident_blocks * rows_per_block * row_bytes <= hw["l2_cache"]
+    extra = (family.sweeps - 1) * rows * row_bytes
+    dram_bytes = rows * row_bytes + out_bytes + vector_bytes + (0 if resident_fits else extra)
+    cached_bytes = extra if resident_fits else 0
+
+    # Utilisation: lanes left idle at the end of a short row, and too few
+    # bytes in flight when the launch does not fill the machine.
+    per_step = lanes * vec
+    lane_use = cols / (math.ceil(cols / per_step) * per_step)
+    in_flight = resident_blocks * threads * vec * dtype.size
+    saturation = hw["sm_count"] * hw["max_threads_per_sm"] * BYTES_IN_FLIGHT_PER_THREAD
+    fill = min(1.0, in_flight / saturation)
+    bandwidth = hw["dram_bandwidth"] * fill * lane_use
+
+    seconds = LAUNCH_SECONDS + (dram_bytes + cached_bytes / CACHED_SWEEP_SPEEDUP) / bandwidth
+    if p["topology"] == "block":
+        seconds += waves * BLOCK_REDUCTION_SECONDS * (family.sweeps - 1 or 1)
+    return seconds
+
+
+def _combinations(family: Family):
+    names = sorted(family.params)
+    for values in itertools.product(*(family.params[n] for n in names)):
+        yield dict(zip(names, values))
+
+
+def plan_op(op: str, legality: Legality, families: list[Family], dtypes, shapes, hw: dict,
+            per_family: int) -> list[Candidate]:
+    """The candidates to build for `op`, best predicted first within each (family, dtype)."""
+    chosen: list[Candidate] = []
+    for family in families:
+        if not legality.families[family.name].legal:
+            continue
+        for dtype_name in dtypes:
+            dtype = DTYPES[dtype_name]
+            pool = []
+            for p in _combinations(family):
+                if p["threads"] > hw["max_threads_per_block"] or p["threads"] % 32:
+                    continue
+                if p["vec_bytes"] < dtype.size or p["vec_bytes"] % dtype.size:
+                    continue
+                extra = [pr.rule for pr in family.param_rules if _WHEN[pr.when](p[pr.param], dtype)]
+                if not all(legality.rules[r].legal for r in extra):
+                    continue
+                rules = tuple(dict.fromkeys(family.rules + tuple(extra)))
+                times = tuple(predict_seconds(family, dtype_name, p, s, hw) for s in shapes)
+                pool.append(Candidate(candidate_id(family.name, dtype_name, p), op, family.name,
+                                      dtype_name, p, rules, times))
+            pool.sort(key=lambda c: (c.score, c.id))
+            chosen.extend(pool[:per_family])
+    return chosen

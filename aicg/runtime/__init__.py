@@ -1,0 +1,1 @@
+"""Layer A: running cubins through the CUDA driver (cuda-python)."""

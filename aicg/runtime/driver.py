@@ -1,0 +1,142 @@
+"""A thin layer over the CUDA driver API of cuda-python (cuda.bindings.driver).
+
+It uses the device's primary context, the one PyTorch and CuPy use, so
+buffers and streams of those frameworks work with aicg's kernels. Every call
+is checked; a failure raises DeviceError with the driver's error name.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DeviceError
+
+
+def _cu():
+    from cuda.bindings import driver
+    return driver
+
+
+def check(result):
+    cu = _cu()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        raise DeviceError(f"CUDA driver call failed: {name.decode() if name else err}")
+    return values[0] if len(values) == 1 else (tuple(values) if values else None)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    l2_bytes: int
+
+
+@functools.cache
+def probe_device(ordinal: int = 0) -> DeviceInfo | None:
+    """The GPU at `ordinal`, or None on a machine without a driver or device."""
+    try:
+        cu = _cu()
+        check(cu.cuInit(0))
+        dev = check(cu.cuDeviceGet(ordinal))
+        attr = cu.CUdevice_attribute
+        name = check(cu.cuDeviceGetName(256, dev)).split(b"\0", 1)[0].decode()
+        major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+        minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+        sms = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+        l2 = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev))
+    except Exception:  # no libcuda, no device, or a driver too old: all mean "no GPU here"
+        return None
+    return DeviceInfo(name, (major, minor), sms, l2)
+
+
+@functools.cache
+def use_primary_context(ordinal: int = 0):
+    cu = _cu()
+    check(cu.cuInit(0))
+    dev = check(cu.cuDeviceGet(ordinal))
+    ctx = check(cu.cuDevicePrimaryCtxRetain(dev))
+    check(cu.cuCtxSetCurrent(ctx))
+    return ctx
+
+
+class Buffer:
+    """Device memory owned by aicg (validation and timing only)."""
+
+    def __init__(self, nbytes: int):
+        use_primary_context()
+        self.nbytes = max(1, int(nbytes))
+        self.ptr = int(check(_cu().cuMemAlloc(self.nbytes)))
+
+    def upload(self, host: np.ndarray) -> None:
+        host = np.ascontiguousarray(host)
+        assert host.nbytes <= self.nbytes
+        check(_cu().cuMemcpyHtoD(self.ptr, host, host.nbytes))
+
+    def download(self, dtype, count: int) -> np.ndarray:
+        out = np.empty(count, dtype=dtype)
+        check(_cu().cuMemcpyDtoH(out, self.ptr, out.nbytes))
+        return out
+
+    def fill_byte(self, value: int, stream: int = 0) -> None:
+        check(_cu().cuMemsetD8Async(self.ptr, value, self.nbytes, stream))
+
+    def free(self) -> None:
+        if self.ptr:
+            check(_cu().cuMemFree(self.ptr))
+            self.ptr = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+_CTYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_float}
+
+
+class Kernel:
+    """One entry of a loaded cubin."""
+
+    def __init__(self, cubin: bytes, entry: str):
+        use_primary_context()
+        self._cubin = cubin  # the driver reads the image during load only, but keep it alive with the module
+        self.module = check(_cu().cuModuleLoadData(cubin))
+        self.function = check(_cu().cuModuleGetFunction(self.module, entry.encode()))
+
+    def launch(self, grid: int, block: int, args: list[tuple[object, str]], stream: int = 0) -> None:
+        values = tuple(args_value for args_value, _ in args)
+        types = tuple(_CTYPES[kind] for _, kind in args)
+        check(_cu().cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, 0, stream, (values, types), 0))
+
+    def unload(self) -> None:
+        if self.module is not None:
+            check(_cu().cuModuleUnload(self.module))
+            self.module = None
+
+
+def synchronize() -> None:
+    check(_cu().cuCtxSynchronize())
+
+
+class EventTimer:
+    """Device-side elapsed time between two recorded events, in milliseconds."""
+
+    def __init__(self):
+        use_primary_context()
+        self.start = check(_cu().cuEventCreate(0))
+        self.end = check(_cu().cuEventCreate(0))
+
+    def time(self, work, stream: int = 0) -> float:
+        cu = _cu()
+        check(cu.cuEventRecord(self.start, stream))
+        work()
+        check(cu.cuEventRecord(self.end, stream))
+        check(cu.cuEventSynchronize(self.end))
+        return check(cu.cuEventElapsedTime(self.start, self.end))

@@ -1,0 +1,251 @@
+"""Loading the rule sets in `rulesets/` into frozen records, cross-checked.
+
+Four files, each a plain reviewed TOML: the property atlas (operators and
+their properties), the preservation guide (axes and presets), the
+transformation rules, and the kernel families. Any reference from one to
+another (a family's operator, a rule a family uses, an axis a rule
+constrains) is checked here, naming the file and key that is wrong.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import tomlfile
+
+HOLDS = {"real", "exact"}
+TEMPLATE_PARAMS = ("threads", "vec_bytes", "topology", "fast_exp")
+PARAM_PREDICATES = {"wider_than_element", "true"}
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    holds: str       # "real" or "exact"
+    ref: str
+
+
+@dataclass(frozen=True)
+class Reduction:
+    name: str
+    form: str
+    identity: str
+    properties: dict[str, Property]
+
+
+@dataclass(frozen=True)
+class OpSemantics:
+    name: str
+    form: str
+    reductions: tuple[str, ...]
+    properties: dict[str, Property]
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    doc: str
+    values: tuple
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    doc: str
+    axes: dict[str, object]                      # axis -> value
+    tolerance: dict[str, tuple[float, float]]    # dtype -> (rtol, atol)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    summary: str
+    acts_on: str                                 # "reductions" or "op"
+    needs: tuple[str, ...]
+    requires: dict[str, tuple]                   # axis -> allowed values, always
+    inexact: dict[str, tuple]                    # axis -> allowed values if a need holds only in reals
+    deterministic: bool
+    error: str
+    ref: str
+
+    def as_record(self) -> dict:
+        return {"summary": self.summary, "acts_on": self.acts_on, "needs": list(self.needs),
+                "requires": {k: list(v) for k, v in self.requires.items()},
+                "inexact": {k: list(v) for k, v in self.inexact.items()},
+                "deterministic": self.deterministic, "error": self.error, "ref": self.ref}
+
+
+@dataclass(frozen=True)
+class ParamRule:
+    param: str
+    when: str
+    rule: str
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    op: str
+    summary: str
+    header: str
+    function: str
+    rules: tuple[str, ...]
+    sweeps: int
+    params: dict[str, tuple]
+    param_rules: tuple[ParamRule, ...]
+
+    def as_record(self) -> dict:
+        return {"op": self.op, "summary": self.summary, "header": self.header, "function": self.function,
+                "rules": list(self.rules), "sweeps": self.sweeps,
+                "params": {k: list(v) for k, v in self.params.items()},
+                "param_rules": [vars(p) for p in self.param_rules]}
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    reductions: dict[str, Reduction]
+    ops: dict[str, OpSemantics]
+    axes: dict[str, Axis]
+    presets: dict[str, Preset]
+    rules: dict[str, Rule]
+    families: dict[str, Family]
+
+    def families_of(self, op: str) -> list[Family]:
+        return [f for f in self.families.values() if f.op == op]
+
+
+def _properties(table: tomlfile.Table) -> dict[str, Property]:
+    props = {}
+    for name, entry in table.table("properties", default={}).tables():
+        props[name] = Property(name, entry.get("holds", str, choices=HOLDS), entry.get("ref", str))
+        entry.done()
+    return props
+
+
+def _load_atlas(path: Path):
+    doc = tomlfile.read(path)
+    doc.get("schema", int, choices={1})
+    reductions = {}
+    for name, t in doc.table("reductions").tables():
+        reductions[name] = Reduction(name, t.get("form", str), t.get("identity", str), _properties(t))
+        t.done()
+    ops = {}
+    for name, t in doc.table("ops").tables():
+        reds = t.get("reductions", list, default=[], item=str, choices=set(reductions))
+        ops[name] = OpSemantics(name, t.get("form", str), tuple(reds), _properties(t))
+        t.done()
+    doc.done()
+    return reductions, ops
+
+
+def _load_preservation(path: Path):
+    doc = tomlfile.read(path)
+    doc.get("schema", int, choices={1})
+    axes = {}
+    for name, t in doc.table("axes").tables():
+        axes[name] = Axis(name, t.get("doc", str), tuple(t.get("values", list)))
+        t.done()
+    presets = {}
+    for name, t in doc.table("presets").tables():
+        presets[name] = Preset(name, t.get("doc", str), read_axes(t, axes, required=True),
+                               read_tolerance(t, required=True))
+        t.done()
+    doc.done()
+    return axes, presets
+
+
+def read_axes(table: tomlfile.Table, axes: dict[str, Axis], required: bool) -> dict[str, object]:
+    """The preservation axes set in `table` (all of them when `required`)."""
+    values = {}
+    for name, axis in axes.items():
+        if required or name in table:
+            kind = bool if isinstance(axis.values[0], bool) else str
+            values[name] = table.get(name, kind, choices=set(axis.values))
+    return values
+
+
+def read_tolerance(table: tomlfile.Table, required: bool) -> dict[str, tuple[float, float]]:
+    tolerance = {}
+    section = table.table("tolerance") if required else table.table("tolerance", default={})
+    for dtype, t in section.tables():
+        tolerance[dtype] = (t.get("rtol", float), t.get("atol", float))
+        t.done()
+    return tolerance
+
+
+def _constraints(table: tomlfile.Table, key: str, axes: dict[str, Axis]) -> dict[str, tuple]:
+    sub = table.table(key, default={})
+    out = {}
+    for axis in sub.keys():
+        if axis not in axes:
+            raise sub.error(axis, "a preservation axis (" + ", ".join(axes) + ")")
+        out[axis] = tuple(sub.get(axis, list, choices=set(axes[axis].values)))
+    sub.done()
+    return out
+
+
+def _load_rules(path: Path, axes: dict[str, Axis]) -> dict[str, Rule]:
+    doc = tomlfile.read(path)
+    doc.get("schema", int, choices={1})
+    rules = {}
+    for name, t in doc.table("rules").tables():
+        rules[name] = Rule(
+            name, t.get("summary", str), t.get("acts_on", str, choices={"reductions", "op"}),
+            tuple(t.get("needs", list, item=str)), _constraints(t, "requires", axes),
+            _constraints(t, "inexact", axes), t.get("deterministic", bool),
+            t.get("error", str), t.get("ref", str))
+        t.done()
+    doc.done()
+    return rules
+
+
+def _family_fields(t: tomlfile.Table, base: dict, rules: dict[str, Rule]) -> dict:
+    fields = dict(base)
+    if "params" in t:
+        params = t.table("params")
+        merged = dict(fields.get("params", {}))
+        for name in params.keys():
+            if name not in TEMPLATE_PARAMS:
+                raise params.error(name, "a template parameter (" + ", ".join(TEMPLATE_PARAMS) + ")")
+            merged[name] = tuple(params.get(name, list))
+        params.done()
+        fields["params"] = merged
+    if "param_rules" in t:
+        entries = []
+        for i, item in enumerate(t.get("param_rules", list)):
+            sub = tomlfile.Table(t.file, item, t._path(f"param_rules[{i}]"))
+            entries.append(ParamRule(sub.get("param", str, choices=set(TEMPLATE_PARAMS)),
+                                     sub.get("when", str, choices=PARAM_PREDICATES),
+                                     sub.get("rule", str, choices=set(rules))))
+            sub.done()
+        fields["param_rules"] = tuple(entries)
+    return fields
+
+
+def _load_families(path: Path, ops: dict[str, OpSemantics], rules: dict[str, Rule]) -> dict[str, Family]:
+    doc = tomlfile.read(path)
+    doc.get("schema", int, choices={1})
+    defaults = _family_fields(doc.table("defaults", default={}), {}, rules)
+    families = {}
+    for name, t in doc.table("families").tables():
+        fields = _family_fields(t, defaults, rules)
+        params = fields.get("params", {})
+        missing = [p for p in TEMPLATE_PARAMS if p not in params]
+        if missing:
+            raise t.error(f"params.{missing[0]}", "a list of values (here or in [defaults])")
+        families[name] = Family(
+            name, t.get("op", str, choices=set(ops)), t.get("summary", str), t.get("header", str),
+            t.get("function", str), tuple(t.get("rules", list, item=str, choices=set(rules))),
+            t.get("sweeps", int), params, fields.get("param_rules", ()))
+        t.done()
+    doc.done()
+    return families
+
+
+def load(rules_dir: Path) -> RuleSet:
+    rules_dir = Path(rules_dir)
+    reductions, ops = _load_atlas(rules_dir / "atlas.toml")
+    axes, presets = _load_preservation(rules_dir / "preservation.toml")
+    rules = _load_rules(rules_dir / "rules.toml", axes)
+    families = _load_families(rules_dir / "families.toml", ops, rules)
+    return RuleSet(reductions, ops, axes, presets, rules, families)

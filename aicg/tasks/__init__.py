@@ -1,0 +1,1 @@
+"""The build: one instance as a graph of cached steps, run by doit."""

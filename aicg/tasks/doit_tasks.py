@@ -1,0 +1,125 @@
+"""The instance's steps as doit tasks, and the reporter that summarises a build.
+
+`dodo.py` re-exports `task_instance` and `DOIT_CONFIG`. One creator yields
+every task (basename = step kind, name = subject), so the graph is computed
+once per load. Up-to-dateness is the steps' own (key and receipt, see
+step.py); doit's database is local bookkeeping only.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from doit import get_var
+from doit.exceptions import InvalidDodoFile, TaskFailed
+from doit.reporter import ConsoleReporter
+
+from ..errors import CompileError, DeviceError, InputChanged, InputError
+from . import graph, step as steps, summary
+
+DEFAULT_PROFILE = "rulesets/profiles/default.toml"
+
+KIND_DOCS = {
+    "hw": "resolve the target's hwdb entry (measured facts over datasheet)",
+    "legality": "decide, per operator, the legal rules and families and why",
+    "plan": "enumerate legal candidates per operator and rank them by the cost prior",
+    "codegen": "instantiate a family template as a complete CUDA source",
+    "compile": "compile a candidate with NVRTC to a cubin, with its resource report",
+    "validate": "check a candidate against float64 on the target GPU and time it (cached by cubin and GPU)",
+    "select": "choose the fastest valid candidate per operator and dtype",
+}
+
+# What the reporter needs to print the summary of the instance being built.
+_loaded: dict = {}
+
+
+def load() -> graph.Instance:
+    root = Path.cwd()
+    profile = Path(get_var("profile", DEFAULT_PROFILE))
+    cache = Path(os.environ.get("AICG_CACHE_DIR", root / "cache"))
+    try:
+        instance = graph.load_instance(graph.Layout(root), profile, cache, root / "build")
+    except (InputError, CompileError) as err:
+        raise InvalidDodoFile(str(err)) from None
+    _loaded["instance"] = instance
+    return instance
+
+
+def _action(step: steps.Step, env: steps.Env):
+    try:
+        return {"origin": steps.execute(step, env)}
+    except (InputError, CompileError, InputChanged, DeviceError) as err:
+        return TaskFailed(f"{step.name}: {err}")
+
+
+def _task(step: steps.Step, env: steps.Env) -> dict:
+    basename, _, name = step.name.partition(":")
+    task = {"basename": basename, "doc": step.doc,
+            "actions": [(_action, [step, env])],
+            "uptodate": [lambda: steps.is_fresh(step, env)],
+            "targets": [str(env.instance_dir / t) for t in step.targets] + [str(env.receipt_path(step.name))],
+            "task_dep": list(step.upstream),
+            "clean": [(steps.clean, [step, env])]}
+    if name:
+        task["name"] = name
+    return task
+
+
+def task_instance():
+    """Tasks of the compiler instance selected by profile=... (default: rulesets/profiles/default.toml)."""
+    instance = load()
+    for kind, doc in KIND_DOCS.items():
+        yield {"basename": kind, "name": None, "doc": doc}
+    for step in instance.steps:
+        yield _task(step, instance.env)
+    yield {"basename": "build", "doc": f"build compiler instance {instance.name} into build/{instance.name}/ (default)",
+           "actions": None, "task_dep": ["package"]}
+
+
+class BuildReporter(ConsoleReporter):
+    """Prints each task that runs, then counts, then the instance summary."""
+
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.origins: dict[str, list[str]] = {"ran": [], "cache": []}
+        self.fresh: list[str] = []
+
+    def execute_task(self, task):
+        if task.actions:
+            self.write(f". {task.name}\n")
+            self.outstream.flush()
+
+    def add_success(self, task):
+        if task.actions:
+            self.origins[task.values.get("origin", "ran")].append(task.name)
+
+    def skip_uptodate(self, task):
+        if task.actions:
+            self.fresh.append(task.name)
+
+    def complete_run(self):
+        super().complete_run()
+        ran, cached = self.origins["ran"], self.origins["cache"]
+        if not (ran or cached or self.failures):
+            if self.fresh:
+                self.write(f"aicg: nothing to do, all {len(self.fresh)} tasks are up to date\n")
+        else:
+            compiled = sum(1 for n in ran if n.startswith("compile:"))
+            self.write(f"aicg: {len(ran)} tasks ran ({compiled} NVRTC compilations), "
+                       f"{len(cached)} restored from cache, {len(self.fresh)} up to date\n")
+        instance = _loaded.get("instance")
+        processed = set(ran) | set(cached) | set(self.fresh)
+        if instance and "package" in processed and not self.failures:
+            manifest_path = instance.env.instance_dir / "manifest.json"
+            import json
+            self.write(f"\ninstance {instance.name} -> {manifest_path.parent}\n")
+            self.write(summary.table(json.loads(manifest_path.read_text())))
+
+
+DOIT_CONFIG = {
+    "default_tasks": ["build"],
+    "reporter": BuildReporter,
+    "dep_file": ".doit.db",
+    "backend": "json",
+}

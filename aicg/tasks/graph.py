@@ -1,0 +1,183 @@
+"""The step graph of one compiler instance.
+
+hw -> legality:<op> -> plan:<op> -> codegen:<cand> -> compile:<cand>
+   -> validate:<cand> -> select:<op> -> package
+
+Deciding which candidates exist is cheap (TOML, the legality engine and the
+cost prior, all in memory), so it happens when the graph is loaded; the
+steps then publish those decisions and do the costly work (compile,
+validate) under their keys. Each step reads only the values it needs: the
+plan of softmax holds six hwdb facts, not the whole entry, so a re-probe of
+tensor-core throughput leaves it untouched.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import cas, codegen, digest, hw, nvrtc, plan, profile, toolchain
+from ..errors import InputChanged
+from ..semantics import legality as legality_engine
+from ..semantics import ruleset as ruleset_loader
+from .step import Env, Result, Step
+from . import package as packaging
+
+
+def to_json(value) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an instance's inputs live (a project checkout, or a copy of one)."""
+    root: Path
+
+    @property
+    def rules(self) -> Path: return self.root / "rulesets"
+    @property
+    def hwdb(self) -> Path: return self.root / "hwdb"
+    @property
+    def kernels(self) -> Path: return self.root / "kernels"
+
+
+AWKWARD_SHAPES = ((3, 1), (5, 7), (37, 1000), (9, 4097))  # sizes off every block and vector width
+VALIDATION_PROTOCOL = 1
+
+
+@dataclass
+class Instance:
+    profile: profile.Profile
+    hardware: hw.Hardware
+    steps: list[Step]
+    env: Env
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+
+def _hw_step(hardware: hw.Hardware) -> Step:
+    record = hardware.as_record()
+    out = f"hw/{hardware.target}.json"
+    return Step(f"hw:{hardware.target}", f"resolve the hwdb entry of {hardware.name}", record,
+                lambda ctx: Result({out: to_json(record)}), ("hw.py", "tasks/graph.py"), targets=(out,))
+
+
+def _legality_step(op: str, rules, prof, decided) -> Step:
+    op_sem = rules.ops[op]
+    fams = rules.families_of(op)
+    used = sorted({r for f in fams for r in f.rules} | {p.rule for f in fams for p in f.param_rules})
+    reads = {"op": {"form": op_sem.form, "reductions": {r: {p: vars(v) for p, v in rules.reductions[r].properties.items()}
+                                                          for r in op_sem.reductions},
+                    "properties": {p: vars(v) for p, v in op_sem.properties.items()}},
+             "rules": {r: rules.rules[r].as_record() for r in used},
+             "families": {f.name: f.as_record() for f in fams},
+             "preservation": prof.preservation.as_record(),
+             "forbid": sorted(prof.choice.forbid),
+             "select": sorted(prof.choice.select) if prof.choice.select is not None else None}
+    out = f"legality/{op}.json"
+    return Step(f"legality:{op}", f"decide which rules and families {op} may use, and why", reads,
+                lambda ctx: Result({out: to_json(decided.as_record())}),
+                ("semantics/legality.py", "semantics/ruleset.py", "tasks/graph.py"), targets=(out,))
+
+
+def _plan_step(op: str, rules, work, hw_facts, prof, candidates) -> Step:
+    reads = {"hw": hw_facts, "families": {f.name: f.as_record() for f in rules.families_of(op)},
+             "dtypes": list(work.dtypes), "shapes": [list(s) for s in work.shapes],
+             "candidates_per_family": prof.candidates_per_family}
+    out = f"plan/{op}.json"
+    record = {"op": op, "shapes": [list(s) for s in work.shapes], "candidates": [c.as_record() for c in candidates]}
+    return Step(f"plan:{op}", f"enumerate and rank the legal candidates of {op}", reads,
+                lambda ctx: Result({out: to_json(record)}),
+                ("plan.py", "dtypes.py", "ops.py", "tasks/graph.py"), upstream=(f"legality:{op}",), targets=(out,))
+
+
+def _codegen_step(cand: plan.Candidate, family) -> Step:
+    reads = {"id": cand.id, "family": family.as_record(), "dtype": cand.dtype, "params": cand.params}
+    out = f"src/{cand.id}.cu"
+    return Step(f"codegen:{cand.id}", f"instantiate {family.name} for {cand.dtype}", reads,
+                lambda ctx: Result({out: codegen.source(cand.id, family, cand.dtype, cand.params).encode()}),
+                ("codegen.py", "ops.py", "dtypes.py"), targets=(out,))
+
+
+def _compile_step(cand: plan.Candidate, family, arch: str, layout: Layout) -> Step:
+    headers = nvrtc.include_closure(family.header, layout.kernels)
+    header_digests = {name: digest.of_bytes(data) for name, data in headers.items()}
+    reads = {"arch": arch, "toolchain": toolchain.identity(), "options": list(nvrtc.OPTIONS),
+             "headers": header_digests}
+    src, cubin, report = f"src/{cand.id}.cu", f"cubin/{cand.id}.cubin", f"cubin/{cand.id}.json"
+
+    def run(ctx) -> Result:
+        source = ctx.upstream(f"codegen:{cand.id}", src).decode()
+        now = nvrtc.include_closure(family.header, layout.kernels)
+        if now != headers:
+            raise InputChanged(f"a header of {family.header} changed while the build ran")
+        binary, resources, log = nvrtc.compile_cubin(source, f"build/.../{src}", now, arch)
+        return Result({cubin: binary, report: to_json({"resources": resources, "ptxas": log, "arch": arch})})
+
+    return Step(f"compile:{cand.id}", f"NVRTC-compile {cand.id} for {arch}", reads, run, ("nvrtc.py",),
+                upstream=(f"codegen:{cand.id}",), targets=(cubin, report))
+
+
+def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shapes) -> Step:
+    from .. import validate
+    reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(), "op": cand.op,
+             "dtype": cand.dtype, "params": cand.params,
+             "tolerance": list(prof.preservation.tolerance[cand.dtype]),
+             "deterministic": prof.preservation.axes["deterministic"],
+             "check_shapes": [list(s) for s in AWKWARD_SHAPES + timed_shapes],
+             "timed_shapes": [list(s) for s in timed_shapes], "trials": prof.validation_trials,
+             "repetitions": prof.timing_repetitions}
+    cubin, out = f"cubin/{cand.id}.cubin", f"validation/{cand.id}.json"
+
+    def run(ctx) -> Result:
+        binary = ctx.upstream(f"compile:{cand.id}", cubin)
+        outcome = validate.validate_on_device(binary, hardware, cand.op, cand.dtype, cand.params,
+                                              tolerance=prof.preservation.tolerance[cand.dtype],
+                                              deterministic=prof.preservation.axes["deterministic"],
+                                              check_shapes=AWKWARD_SHAPES + timed_shapes,
+                                              timed_shapes=timed_shapes, trials=prof.validation_trials,
+                                              repetitions=prof.timing_repetitions)
+        return Result({out: to_json(outcome)}, cache=outcome["status"] != "unvalidated")
+
+    return Step(f"validate:{cand.id}", f"check {cand.id} against float64 on {hardware.name}, and time it",
+                reads, run, ("validate/__init__.py", "validate/check.py", "runtime/driver.py", "ops.py", "dtypes.py", "codegen.py"),
+                upstream=(f"compile:{cand.id}",), targets=(out,), local_state=validate.local_device_state)
+
+
+def _select_step(op: str, work, candidates) -> Step:
+    upstream = (f"plan:{op}", *(f"validate:{c.id}" for c in candidates), *(f"compile:{c.id}" for c in candidates))
+    out = f"select/{op}.json"
+
+    def run(ctx) -> Result:
+        results = {c.id: json.loads(ctx.upstream(f"validate:{c.id}", f"validation/{c.id}.json")) for c in candidates}
+        reports = {c.id: json.loads(ctx.upstream(f"compile:{c.id}", f"cubin/{c.id}.json")) for c in candidates}
+        return Result({out: to_json(packaging.select(op, work.dtypes, candidates, results, reports))})
+
+    return Step(f"select:{op}", f"choose the fastest valid candidate of {op} per dtype", {"op": op, "dtypes": list(work.dtypes)},
+                run, ("tasks/package.py",), upstream=upstream, targets=(out,))
+
+
+def load_instance(layout: Layout, profile_path: Path, cache_dir: Path, build_dir: Path) -> Instance:
+    rules = ruleset_loader.load(layout.rules)
+    prof = profile.load(profile_path, rules, layout.hwdb)
+    hardware = hw.load(layout.hwdb / f"{prof.target}.toml")
+    hw_facts = {f: hardware.fact(f) for f in plan.PLAN_FACTS}
+    env = Env(Path(build_dir) / prof.name, cas.Store(cache_dir))
+
+    steps = [_hw_step(hardware)]
+    planned = {}
+    for op, work in prof.workload.items():
+        decided = legality_engine.decide(op, rules, prof.preservation, prof.choice)
+        candidates = plan.plan_op(op, decided, rules.families_of(op), work.dtypes, work.shapes, hw_facts,
+                                  prof.candidates_per_family)
+        planned[op] = (decided, candidates)
+        steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, hw_facts, prof, candidates)]
+        for cand in candidates:
+            family = rules.families[cand.family]
+            steps += [_codegen_step(cand, family), _compile_step(cand, family, hardware.arch, layout),
+                      _validate_step(cand, hardware, prof, work.shapes)]
+        steps.append(_select_step(op, work, candidates))
+    steps.append(packaging.package_step(prof, hardware, planned))
+    return Instance(prof, hardware, steps, env)

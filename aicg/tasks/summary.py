@@ -1,0 +1,55 @@
+"""The instance summary: one row per operator and dtype, read from the manifest."""
+from __future__ import annotations
+
+HEADER = ("op", "dtype", "legal families", "chosen", "params", "regs", "smem", "spills", "validation", "time")
+
+
+def _params(p: dict) -> str:
+    text = f"t{p['threads']} v{p['vec_bytes']}B {p['topology']}"
+    return text + (" fast-exp" if p.get("fast_exp") else "")
+
+
+def rows(manifest: dict) -> list[tuple[str, ...]]:
+    out = []
+    for name, k in sorted(manifest["kernels"].items()):
+        r = k["resources"]
+        spills = r["spill_store_bytes"] + r["spill_load_bytes"]
+        time = f"{k['measured_seconds'] * 1e6:.1f} us" if k.get("measured_seconds") else "-"
+        status = k["validation"] if k["validation"] == "passed" else k["validation"].upper()
+        out.append((k["op"], k["dtype"], f"{len(k['legal_families'])} ({k['considered']} cand.)", k["family"],
+                    _params(k["params"]), str(r["registers"]), f"{r['shared_bytes']} B", f"{spills} B", status, time))
+    for name, reason in sorted(manifest["unavailable"].items()):
+        op, dtype = name.split(".", 1)
+        out.append((op, dtype, "0", "-", "-", "-", "-", "-", "none", "-"))
+    return out
+
+
+def table(manifest: dict) -> str:
+    body = [HEADER, *rows(manifest)]
+    widths = [max(len(r[i]) for r in body) for i in range(len(HEADER))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = []
+    unvalidated = [n for n, k in manifest["kernels"].items() if k["validation"] != "passed"]
+    if unvalidated:
+        notes.append(f"{len(unvalidated)} of {len(manifest['kernels'])} kernels are UNVALIDATED: no validation of "
+                     f"these cubins on {manifest['target']['name']} was found; build on such a GPU (or share its cache) to validate them.")
+    for name, reason in sorted(manifest["unavailable"].items()):
+        notes.append(f"{name}: {reason}")
+    return "\n".join(lines + [""] + notes).rstrip() + "\n"
+
+
+def report(manifest: dict) -> str:
+    lines = [f"# aicg instance {manifest['instance']}", "",
+             f"Target: {manifest['target']['name']} ({manifest['target']['arch']}); preservation preset "
+             f"{manifest['preservation']['preset']!r}: " +
+             ", ".join(f"{k} = {v!r}" for k, v in sorted(manifest['preservation']['axes'].items())) + ".",
+             f"Toolchain: " + ", ".join(f"{k} {v}" for k, v in sorted(manifest["toolchain"].items())) + ".", "",
+             "```", table(manifest).rstrip(), "```", ""]
+    for name, k in sorted(manifest["kernels"].items()):
+        lines += [f"## {name}: {k['candidate']}", "", f"Chosen: {k['basis']}.", "", "Why this family is legal:"]
+        lines += [f"- {fact}" for fact in k["why"]["family"]]
+        for rule, facts in sorted(k["why"]["rules"].items()):
+            lines += [f"- rule {rule}:"] + [f"  - {fact}" for fact in facts]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+"""Validation: a kernel is never trusted until checked on the target hardware.
+
+Without a GPU of the target's kind a candidate is recorded as unvalidated
+(its result is not a fact, so it is never cached); with one, it is checked
+against float64 and timed (see check.py).
+"""
+from __future__ import annotations
+
+from ..hw import Hardware
+from ..runtime import driver
+
+
+def local_device_state():
+    """What this machine can validate on: part of a validation step's freshness, not its key."""
+    dev = driver.probe_device()
+    return None if dev is None else [dev.name, list(dev.compute_capability), dev.sm_count]
+
+
+def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, params: dict, *,
+                       tolerance, deterministic: bool, check_shapes, timed_shapes, trials: int,
+                       repetitions: int) -> dict:
+    dev = driver.probe_device()
+    if dev is None:
+        return {"status": "unvalidated", "reason": "no GPU on this machine"}
+    if dev.name != hardware.name or dev.compute_capability != hardware.compute_capability:
+        return {"status": "unvalidated",
+                "reason": f"this machine's GPU is {dev.name} (sm_{dev.compute_capability[0]}{dev.compute_capability[1]}), "
+                          f"not the target {hardware.name}"}
+    from . import check
+    return check.run(cubin, op, dtype, params, tolerance=tolerance, deterministic=deterministic,
+                     check_shapes=check_shapes, timed_shapes=timed_shapes, trials=trials,
+                     repetitions=repetitions, device=dev)

@@ -1,0 +1,157 @@
+"""Checking and timing one cubin on the device.
+
+Correctness: for every check shape and trial, fresh random inputs (a new
+draw each time, from a different distribution per trial), the output
+poisoned with NaN bytes before the launch, the result compared elementwise
+with a float64 reference on the same rounded inputs:
+|y - ref| <= atol + rtol * scale (scale per operator, see aicg/ops.py). A
+poisoned element left in the output fails the check. The kernel runs twice
+on each input; differing bits fail it when the profile demands determinism.
+Large shapes are checked on their first ROWS_CHECKED rows: the kernel sees
+the full row length, the reference stays cheap.
+
+Timing: device events around the launch alone, after warm-up, with the L2
+flushed (a memset of twice its size) before each repetition; the median.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import codegen
+from ..dtypes import DTYPES, DType
+from ..ops import OPERATORS, Operator
+from ..runtime import driver
+
+ROWS_CHECKED = 256
+POISON_BYTE = 0xFF     # all-ones bytes are a NaN in float32 and in bfloat16
+WARMUP = 3
+
+
+def _draw(op: Operator, dtype: DType, rows: int, cols: int, trial: int, rng) -> dict[str, np.ndarray]:
+    """Stored (device-format) inputs; odd trials are shifted and scaled."""
+    scale, shift = (1.0, 0.0) if trial % 2 == 0 else (4.0, 3.0)
+    arrays = {"x": rng.standard_normal((rows, cols), dtype=np.float32) * scale + shift}
+    if "w" in op.vectors:
+        arrays["w"] = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    if "b" in op.vectors:
+        arrays["b"] = rng.standard_normal(cols, dtype=np.float32)
+    return {name: dtype.encode(a) for name, a in arrays.items()}
+
+
+class _Buffers:
+    """Device inputs and output for one (operator, dtype, shape)."""
+
+    def __init__(self, op: Operator, dtype: DType, rows: int, cols: int):
+        self.op, self.dtype, self.rows, self.cols = op, dtype, rows, cols
+        self.out_count = int(np.prod(op.output_shape(rows, cols)))
+        self.buffers = {"x": driver.Buffer(rows * cols * dtype.size),
+                        "y": driver.Buffer(self.out_count * dtype.size)}
+        for name in op.vectors:
+            self.buffers[name] = driver.Buffer(cols * dtype.size)
+
+    def upload(self, inputs: dict[str, np.ndarray]) -> None:
+        for name, host in inputs.items():
+            self.buffers[name].upload(host)
+
+    def launch(self, kernel, params: dict) -> None:
+        values = {"rows": (self.rows, "int"), "cols": (self.cols, "int")}
+        values.update({name: (value, "float") for name, value in self.op.scalars})
+        args = [values[n] if n in values else (self.buffers[n].ptr, "ptr") for n in self.op.argument_names()]
+        grid, block = codegen.launch_geometry(params, self.rows)
+        kernel.launch(grid, block, args)
+
+    def run_poisoned(self, kernel, params: dict) -> np.ndarray:
+        self.buffers["y"].fill_byte(POISON_BYTE)
+        self.launch(kernel, params)
+        driver.synchronize()
+        return self.buffers["y"].download(self.dtype.storage, self.out_count)
+
+    def free(self) -> None:
+        for b in self.buffers.values():
+            b.free()
+
+
+# Timing inputs are drawn once per process and shared by every candidate of
+# the same operator, dtype and shape: drawing gigabytes per candidate would
+# cost more than the timing itself, and timing needs no fresh draw.
+_timing_buffers: dict[tuple, _Buffers] = {}
+
+
+def _timing_buffers_for(op: Operator, dtype: DType, shape, rng) -> _Buffers:
+    key = (op.name, dtype.name, tuple(shape))
+    if key not in _timing_buffers:
+        buffers = _Buffers(op, dtype, *shape)
+        buffers.upload(_draw(op, dtype, *shape, 0, rng))
+        _timing_buffers[key] = buffers
+    return _timing_buffers[key]
+
+
+def _compare(op: Operator, dtype: DType, inputs, stored: np.ndarray, rows, cols, tolerance) -> dict:
+    wide = {n: dtype.decode(a).astype(np.float64).reshape(a.shape) for n, a in inputs.items()}
+    ref, scale = op.reference(**wide, **dict(op.scalars))
+    y = dtype.decode(stored).astype(np.float64).reshape(ref.shape)
+    rtol, atol = tolerance
+    unwritten = int(np.count_nonzero(np.isnan(y) & ~np.isnan(ref)))
+    err = np.abs(y - ref)
+    bound = atol + rtol * scale
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(bound > 0, err / np.where(bound > 0, bound, 1), np.where(err > 0, np.inf, 0.0))
+    ratio = np.where(np.isnan(ref) & np.isnan(y), 0.0, ratio)
+    worst = float(np.nanmax(ratio)) if ratio.size else 0.0
+    return {"unwritten": unwritten, "worst_error_over_bound": worst,
+            "max_abs_error": float(np.nanmax(err)) if err.size else 0.0,
+            "within_bound": unwritten == 0 and bool(np.all(ratio <= 1.0))}
+
+
+def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, deterministic, rng) -> list[dict]:
+    rows, cols = min(shape[0], ROWS_CHECKED), shape[1]
+    buffers = _Buffers(op, dtype, rows, cols)
+    results = []
+    try:
+        for trial in range(trials):
+            inputs = _draw(op, dtype, rows, cols, trial, rng)
+            buffers.upload(inputs)
+            first = buffers.run_poisoned(kernel, params)
+            again = buffers.run_poisoned(kernel, params)
+            result = _compare(op, dtype, inputs, first, rows, cols, tolerance)
+            result.update(shape=[rows, cols], trial=trial, repeatable=first.tobytes() == again.tobytes())
+            result["passed"] = result["within_bound"] and (result["repeatable"] or not deterministic)
+            results.append(result)
+    finally:
+        buffers.free()
+    return results
+
+
+def _time_shape(kernel, op, dtype, params, shape, repetitions, flush: driver.Buffer, rng) -> dict:
+    rows, cols = shape
+    buffers = _timing_buffers_for(op, dtype, shape, rng)
+    for _ in range(WARMUP):
+        buffers.launch(kernel, params)
+    timer = driver.EventTimer()
+    samples = []
+    for _ in range(repetitions):
+        flush.fill_byte(0)
+        samples.append(timer.time(lambda: buffers.launch(kernel, params)))
+    seconds = float(np.median(samples)) * 1e-3
+    moved = (rows * cols + buffers.out_count + len(op.vectors) * cols) * dtype.size
+    return {"shape": [rows, cols], "median_seconds": seconds, "bytes": moved,
+            "bytes_per_second": moved / seconds, "repetitions": repetitions}
+
+
+def run(cubin: bytes, op_name: str, dtype_name: str, params: dict, *, tolerance, deterministic,
+        check_shapes, timed_shapes, trials, repetitions, device) -> dict:
+    op, dtype = OPERATORS[op_name], DTYPES[dtype_name]
+    rng = np.random.default_rng()  # fresh entropy: every validation draws new inputs
+    kernel = driver.Kernel(cubin, codegen.ENTRY)
+    try:
+        checks = [c for s in check_shapes
+                  for c in _check_shape(kernel, op, dtype, params, s, trials, tolerance, deterministic, rng)]
+        passed = all(c["passed"] for c in checks)
+        timings = []
+        if passed:
+            with driver.Buffer(2 * device.l2_bytes) as flush:
+                timings = [_time_shape(kernel, op, dtype, params, s, repetitions, flush, rng) for s in timed_shapes]
+    finally:
+        kernel.unload()
+    return {"status": "passed" if passed else "failed", "device": device.name, "checks": checks,
+            "timings": timings, "method": "CUDA events around the launch, L2 flushed, median after warm-up"}

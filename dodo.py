@@ -1,0 +1,8 @@
+"""doit entry point of aicg: the task graph of one compiler instance.
+
+    doit build [profile=rulesets/profiles/<name>.toml]
+    doit list --all | doit info <task> | doit clean
+
+The graph and its mechanisms live in aicg/tasks; this file only exposes them.
+"""
+from aicg.tasks.doit_tasks import DOIT_CONFIG, task_instance  # noqa: F401
