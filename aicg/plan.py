@@ -112,6 +112,16 @@ def _combinations(family: Family):
         yield dict(zip(names, values))
 
 
+def _best_spread(pool: list[Candidate], count: int) -> list[Candidate]:
+    """The `count` best by prior, but the best of each topology first: the prior
+    is coarse, so the device gets to compare the structurally different options."""
+    pool = sorted(pool, key=lambda c: (c.score, c.id))
+    leaders = list({c.params["topology"]: c for c in reversed(pool)}.values())
+    leaders.sort(key=lambda c: (c.score, c.id))
+    rest = [c for c in pool if c not in leaders]
+    return (leaders + rest)[:count]
+
+
 def plan_op(op: str, legality: Legality, families: list[Family], dtypes, shapes, hw: dict,
             per_family: int) -> list[Candidate]:
     """The candidates to build for `op`, best predicted first within each (family, dtype)."""
@@ -134,6 +144,5 @@ def plan_op(op: str, legality: Legality, families: list[Family], dtypes, shapes,
                 times = tuple(predict_seconds(family, dtype_name, p, s, hw) for s in shapes)
                 pool.append(Candidate(candidate_id(family.name, dtype_name, p), op, family.name,
                                       dtype_name, p, rules, times))
-            pool.sort(key=lambda c: (c.score, c.id))
-            chosen.extend(pool[:per_family])
+            chosen.extend(_best_spread(pool, per_family))
     return chosen

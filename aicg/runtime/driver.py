@@ -76,11 +76,11 @@ class Buffer:
     def upload(self, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host)
         assert host.nbytes <= self.nbytes
-        check(_cu().cuMemcpyHtoD(self.ptr, host, host.nbytes))
+        check(_cu().cuMemcpyHtoD(self.ptr, host.ctypes.data, host.nbytes))
 
     def download(self, dtype, count: int) -> np.ndarray:
         out = np.empty(count, dtype=dtype)
-        check(_cu().cuMemcpyDtoH(out, self.ptr, out.nbytes))
+        check(_cu().cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes))
         return out
 
     def fill_byte(self, value: int, stream: int = 0) -> None:
@@ -106,8 +106,8 @@ class Kernel:
 
     def __init__(self, cubin: bytes, entry: str):
         use_primary_context()
-        self._cubin = cubin  # the driver reads the image during load only, but keep it alive with the module
-        self.module = check(_cu().cuModuleLoadData(cubin))
+        image = np.frombuffer(cubin, dtype=np.uint8)
+        self.module = check(_cu().cuModuleLoadData(image.ctypes.data))
         self.function = check(_cu().cuModuleGetFunction(self.module, entry.encode()))
 
     def launch(self, grid: int, block: int, args: list[tuple[object, str]], stream: int = 0) -> None:

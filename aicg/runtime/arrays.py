@@ -1,0 +1,73 @@
+"""Device arrays from any framework, through DLPack or __cuda_array_interface__.
+
+cuda.core's StridedMemoryView reads either protocol; the framework itself is
+only asked for two things it alone knows: how to allocate a result like an
+input, and which stream is current.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceArray:
+    obj: object
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: str
+    device: int
+
+
+def _dtype_name(view, obj) -> str:
+    try:
+        return view.dtype.name
+    except Exception:  # a dtype numpy cannot name (bfloat16 without ml_dtypes): ask the framework
+        return str(getattr(obj, "dtype", "unknown")).rsplit(".", 1)[-1]
+
+
+def view(obj, what: str) -> DeviceArray:
+    from cuda.core.utils import StridedMemoryView
+    try:
+        v = StridedMemoryView(obj, stream_ptr=-1)
+    except Exception as err:
+        raise TypeError(f"{what}: expected a CUDA array (DLPack or __cuda_array_interface__), got {type(obj).__name__}: {err}") from None
+    if not v.is_device_accessible or v.device_id < 0:
+        raise TypeError(f"{what}: expected an array in GPU memory, got one in host memory")
+    shape = tuple(v.shape)
+    if v.strides is not None:
+        expected, step = [], 1
+        for n in reversed(shape):
+            expected.insert(0, step)
+            step *= n
+        if any(s != e for s, e, n in zip(v.strides, expected, shape) if n > 1):
+            raise ValueError(f"{what}: expected a contiguous array, got strides {tuple(v.strides)} for shape {shape}")
+    return DeviceArray(obj, int(v.ptr), shape, _dtype_name(v, obj), v.device_id)
+
+
+def _framework(obj) -> str:
+    return type(obj).__module__.split(".", 1)[0]
+
+
+_ALLOCATE = {
+    "torch": lambda like, shape: like.new_empty(shape),
+    "cupy": lambda like, shape: sys.modules["cupy"].empty(shape, dtype=like.dtype),
+}
+
+_CURRENT_STREAM = {
+    "torch": lambda like: sys.modules["torch"].cuda.current_stream(like.device).cuda_stream,
+    "cupy": lambda like: sys.modules["cupy"].cuda.get_current_stream().ptr,
+}
+
+
+def empty_like(obj, shape: tuple[int, ...]):
+    framework = _framework(obj)
+    if framework not in _ALLOCATE:
+        raise TypeError(f"cannot allocate an output like a {type(obj).__name__}; pass out=")
+    return _ALLOCATE[framework](obj, shape)
+
+
+def current_stream(obj) -> int:
+    """The stream the input's framework is issuing work on (0, the legacy default, if unknown)."""
+    framework = _framework(obj)
+    return _CURRENT_STREAM[framework](obj) if framework in _CURRENT_STREAM else 0

@@ -1,0 +1,113 @@
+"""aicg.load: a packaged instance as callable kernels.
+
+    inst = aicg.load("build/h200-tolerance")
+    y = inst.softmax(x)                 # x: (..., cols) CUDA tensor, float32 or bfloat16
+    y = inst.rmsnorm(x, w, eps=1e-6)
+    y = inst.layernorm(x, w, b)
+
+Kernels run on the caller's current stream with no host synchronisation.
+Each cubin is checked against the digest in the manifest before it is
+loaded. Kernels the build could not validate on the target are refused
+unless `allow_unvalidated=True`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .. import codegen, digest
+from ..ops import OPERATORS
+from . import arrays, driver
+
+
+class InstanceError(RuntimeError):
+    pass
+
+
+class OpKernels:
+    """One operator of an instance, dispatching on the input's dtype."""
+
+    def __init__(self, instance: "Instance", op: str, entries: dict[str, dict]):
+        self.instance, self.op, self.entries = instance, OPERATORS[op], entries
+        self._loaded: dict[tuple[str, int], driver.Kernel] = {}
+
+    def _kernel(self, dtype: str, device: int) -> tuple[driver.Kernel, dict]:
+        entry = self.entries.get(dtype)
+        if entry is None:
+            raise InstanceError(f"{self.instance.path}: no {self.op.name} kernel for {dtype} "
+                                f"(this instance has: {', '.join(sorted(self.entries)) or 'none'})")
+        if (dtype, device) not in self._loaded:
+            cubin = (self.instance.path / entry["cubin"]).read_bytes()
+            if digest.of_bytes(cubin) != entry["cubin_digest"]:
+                raise InstanceError(f"{self.instance.path / entry['cubin']}: digest does not match the manifest")
+            driver.use_primary_context(device)
+            self._loaded[(dtype, device)] = driver.Kernel(cubin, entry["entry"])
+        return self._loaded[(dtype, device)], entry
+
+    def __call__(self, x, *vectors, out=None, stream=None, **scalars):
+        op = self.op
+        if len(vectors) != len(op.vectors):
+            raise TypeError(f"{op.name} takes x and {len(op.vectors)} vector(s) ({', '.join(op.vectors) or 'none'}), got {len(vectors)}")
+        unknown = set(scalars) - {name for name, _ in op.scalars}
+        if unknown:
+            raise TypeError(f"{op.name} has no argument {sorted(unknown)[0]!r}")
+        xv = arrays.view(x, "x")
+        if not xv.shape:
+            raise ValueError("x: expected at least one dimension (rows are the last one)")
+        cols = xv.shape[-1]
+        rows = math.prod(xv.shape[:-1])
+        kernel, entry = self._kernel(xv.dtype, xv.device)
+        vector_views = []
+        for name, v in zip(op.vectors, vectors):
+            vv = arrays.view(v, name)
+            if vv.shape != (cols,) or vv.dtype != xv.dtype:
+                raise ValueError(f"{name}: expected shape ({cols},) and dtype {xv.dtype}, got {vv.shape} {vv.dtype}")
+            vector_views.append(vv)
+        out_shape = tuple(xv.shape) if op.output == "matrix" else tuple(xv.shape[:-1])
+        if out is None:
+            out = arrays.empty_like(x, out_shape)
+        ov = arrays.view(out, "out")
+        if ov.shape != out_shape or ov.dtype != xv.dtype:
+            raise ValueError(f"out: expected shape {out_shape} and dtype {xv.dtype}, got {ov.shape} {ov.dtype}")
+        if rows == 0 or cols == 0:
+            return out
+        if rows >= 2**31 or cols >= 2**31:
+            raise ValueError(f"x: rows and cols must each be below 2**31, got {rows} x {cols}")
+        values = {"x": (xv.ptr, "ptr"), "y": (ov.ptr, "ptr"), "rows": (rows, "int"), "cols": (cols, "int")}
+        values.update({name: (vv.ptr, "ptr") for name, vv in zip(op.vectors, vector_views)})
+        values.update({name: (float(scalars.get(name, default)), "float") for name, default in op.scalars})
+        grid, block = codegen.launch_geometry(entry["params"], rows)
+        kernel.launch(grid, block, [values[n] for n in entry["arguments"]],
+                      arrays.current_stream(x) if stream is None else int(stream))
+        return out
+
+
+class Instance:
+    def __init__(self, path, allow_unvalidated: bool = False):
+        self.path = Path(path)
+        manifest_path = self.path / "manifest.json"
+        if not manifest_path.is_file():
+            raise InstanceError(f"{manifest_path}: no manifest; build the instance with `doit build` first")
+        self.manifest = json.loads(manifest_path.read_text())
+        by_op: dict[str, dict[str, dict]] = {}
+        for name, entry in self.manifest["kernels"].items():
+            if entry["validation"] != "passed" and not allow_unvalidated:
+                continue
+            by_op.setdefault(entry["op"], {})[entry["dtype"]] = entry
+        self.skipped = sorted(n for n, e in self.manifest["kernels"].items()
+                              if e["validation"] != "passed" and not allow_unvalidated)
+        self.ops = {op: OpKernels(self, op, entries) for op, entries in by_op.items()}
+
+    def __getattr__(self, name: str) -> OpKernels:
+        ops = self.__dict__.get("ops", {})
+        if name in ops:
+            return ops[name]
+        why = ""
+        if any(n.startswith(name + ".") for n in self.__dict__.get("skipped", [])):
+            why = " (its kernels are not validated on the target; load with allow_unvalidated=True to use them anyway)"
+        raise AttributeError(f"instance {self.__dict__.get('path')} has no operator {name!r}{why}")
+
+
+def load(path, allow_unvalidated: bool = False) -> Instance:
+    return Instance(path, allow_unvalidated)

@@ -1,0 +1,65 @@
+"""Shared fixtures: the repository's inputs, editable copies of them in
+tmp_path, and a checker for InputError messages."""
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aicg.errors import InputError
+from aicg.semantics import ruleset as ruleset_mod
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shipped_ruleset():
+    return ruleset_mod.load(REPO / "rulesets")
+
+
+@pytest.fixture
+def rules_dir(tmp_path) -> Path:
+    """An editable copy of rulesets/ (profiles included)."""
+    return Path(shutil.copytree(REPO / "rulesets", tmp_path / "rulesets"))
+
+
+@pytest.fixture
+def hwdb_dir(tmp_path) -> Path:
+    """An editable copy of hwdb/."""
+    return Path(shutil.copytree(REPO / "hwdb", tmp_path / "hwdb"))
+
+
+def _edit(path: Path, old: str, new: str) -> Path:
+    """Replace the one occurrence of `old` in `path` by `new`."""
+    text = Path(path).read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{old!r} must occur exactly once in {path}"
+    Path(path).write_text(text.replace(old, new), encoding="utf-8")
+    return Path(path)
+
+
+@pytest.fixture
+def edit():
+    return _edit
+
+
+@contextlib.contextmanager
+def _raises_input_error(file, key: str, expected: str):
+    """Expect an InputError naming `file`, the dotted `key`, and containing `expected`."""
+    with pytest.raises(InputError) as info:
+        yield info
+    message = str(info.value)
+    assert message.startswith(f"{file}: {key}: expected "), message
+    assert expected in message, message
+    assert info.value.file == str(file) and info.value.key == key
+
+
+@pytest.fixture
+def raises_input_error():
+    return _raises_input_error

@@ -1,0 +1,117 @@
+"""GPU tests: validation on the device, and aicg.load against PyTorch and CuPy.
+
+Skipped without a GPU of the hwdb target's kind (CI has none); run on the
+H200 with `pytest -m gpu`.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from aicg.runtime import driver
+from doit_project import doit, make_project
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = driver.probe_device()
+needs_h200 = pytest.mark.skipif(DEVICE is None or DEVICE.name != "NVIDIA H200", reason="needs an NVIDIA H200")
+
+PROFILE = """
+[instance]
+name = "gpu"
+target = "h200"
+preservation = "deterministic"
+
+[plan]
+candidates_per_family = 3
+
+[[workload]]
+ops = ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]
+dtypes = ["float32", "bfloat16"]
+shapes = [[2048, 4096], [300, 20000]]
+"""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    project = make_project(tmp_path_factory.mktemp("gpu"), PROFILE)
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    assert run.code == 0, run.output
+    return project / "build/gpu", run
+
+
+@needs_h200
+def test_every_candidate_validates_and_is_timed(built):
+    instance_dir, run = built
+    results = [json.loads(p.read_text()) for p in (instance_dir / "validation").glob("*.json")]
+    assert results and all(r["status"] == "passed" for r in results), [r for r in results if r["status"] != "passed"][:1]
+    assert all(r["timings"] and all(t["median_seconds"] > 0 for t in r["timings"]) for r in results)
+    manifest = json.loads((instance_dir / "manifest.json").read_text())
+    assert len(manifest["kernels"]) == 10 and all(k["validation"] == "passed" for k in manifest["kernels"].values())
+
+
+def _torch_reference(torch, op, x, w=None, b=None, eps=1e-5):
+    x64 = x.double()
+    refs = {
+        "softmax": lambda: torch.softmax(x64, -1),
+        "row_sum": lambda: x64.sum(-1),
+        "row_max": lambda: x64.amax(-1),
+        "rmsnorm": lambda: x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + eps) * w.double(),
+        "layernorm": lambda: torch.nn.functional.layer_norm(x64, (x.shape[-1],), w.double(), b.double(), eps),
+    }
+    return refs[op]()
+
+
+@needs_h200
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("op", ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"])
+def test_loaded_kernels_match_pytorch(built, op, dtype):
+    torch = pytest.importorskip("torch")
+    import aicg
+    inst = aicg.load(built[0])
+    tdtype = getattr(torch, dtype)
+    stream = torch.cuda.Stream()
+    for shape in [(1, 1), (7, 3), (3, 5, 1000), (129, 4097), (2048, 4096)]:
+        x = (torch.randn(shape, device="cuda") * 3 + 1).to(tdtype)
+        w = torch.rand(shape[-1], device="cuda").add(0.5).to(tdtype)
+        b = torch.randn(shape[-1], device="cuda").to(tdtype)
+        args = {"rmsnorm": (w,), "layernorm": (w, b)}.get(op, ())
+        with torch.cuda.stream(stream):   # kernels run on the caller's current stream
+            y = getattr(inst, op)(x, *args)
+        stream.synchronize()
+        ref = _torch_reference(torch, op, x, *args)
+        assert y.shape == ref.shape and y.dtype == tdtype
+        rtol, atol = (1e-5, 1e-6) if dtype == "float32" else (1.6e-2, 1e-5)
+        scale = x.double().abs().sum(-1) if op == "row_sum" else ref.abs() + (1.0 if op == "layernorm" else 0.0)
+        err = (y.double() - ref).abs()
+        assert bool((err <= atol + rtol * scale).all()), f"{op} {dtype} {shape}: max error {err.max().item()}"
+
+
+@needs_h200
+def test_loaded_kernels_take_cupy_arrays(built):
+    cupy = pytest.importorskip("cupy")
+    import aicg
+    inst = aicg.load(built[0])
+    x = cupy.random.standard_normal((37, 1000), dtype=cupy.float32)
+    y = inst.softmax(x)
+    ref = np.exp(x.get().astype(np.float64) - x.get().max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    assert np.allclose(y.get(), ref, rtol=1e-5, atol=1e-7)
+
+
+@needs_h200
+def test_validation_rejects_a_kernel_that_writes_nothing():
+    from aicg import hw, nvrtc
+    from aicg.validate import validate_on_device
+    from doit_project import REPO
+    source = ('extern "C" __global__ void aicg_kernel(const float* x, float* y, int rows, int cols) {'
+              ' if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = 0.0f; }')
+    cubin, _, _ = nvrtc.compile_cubin(source, "lazy.cu", {}, "sm_90")
+    result = validate_on_device(cubin, hw.load(REPO / "hwdb/h200.toml"), "row_sum", "float32",
+                                {"threads": 128, "vec_bytes": 4, "topology": "warp", "fast_exp": False},
+                                tolerance=(1e-5, 1e-7), deterministic=True, check_shapes=[(5, 7)],
+                                timed_shapes=[], trials=2, repetitions=3)
+    assert result["status"] == "failed"
+    assert all(c["unwritten"] > 0 for c in result["checks"])

@@ -1,0 +1,128 @@
+import math
+from collections import Counter
+
+import pytest
+
+from aicg import hw, plan, profile
+from aicg.dtypes import DTYPES
+from aicg.semantics import legality
+
+
+@pytest.fixture(scope="session")
+def load_profile(repo, shipped_ruleset):
+    def load(name):
+        return profile.load(repo / "rulesets" / "profiles" / f"{name}.toml", shipped_ruleset, repo / "hwdb")
+    return load
+
+
+@pytest.fixture(scope="session")
+def all_facts(repo):
+    """Every fact of the h200 entry: the planner gets more than it should read."""
+    h = hw.load_target(repo / "hwdb", "h200")
+    return {name: h.fact(name) for name in h.facts}
+
+
+def make_plan(rs, prof, facts, per_family=None):
+    candidates = []
+    for op, w in prof.workload.items():
+        legal = legality.decide(op, rs, prof.preservation, prof.choice)
+        candidates += plan.plan_op(op, legal, rs.families_of(op), w.dtypes, w.shapes, facts,
+                                   per_family or prof.candidates_per_family)
+    return candidates
+
+
+@pytest.fixture(scope="session", params=["default", "fast", "deterministic"])
+def full_pool(request, shipped_ruleset, load_profile, all_facts):
+    """Every candidate the planner would consider (no per-family cut)."""
+    prof = load_profile(request.param)
+    return prof, make_plan(shipped_ruleset, prof, all_facts, per_family=10_000)
+
+
+def test_plan_facts_are_required_of_every_entry():
+    assert set(plan.PLAN_FACTS) <= set(hw.REQUIRED_FACTS)
+
+
+def test_the_plan_reads_only_plan_facts(shipped_ruleset, load_profile, all_facts):
+    class OnlyPlanFacts(dict):
+        def __getitem__(self, key):
+            assert key in plan.PLAN_FACTS, f"the plan read {key}, which is not in PLAN_FACTS"
+            return super().__getitem__(key)
+    for name in ["default", "fast"]:
+        assert make_plan(shipped_ruleset, load_profile(name), OnlyPlanFacts(all_facts))
+
+
+def test_candidates_respect_the_hardware(full_pool, all_facts):
+    _, pool = full_pool
+    assert pool
+    for c in pool:
+        size = DTYPES[c.dtype].size
+        assert c.params["threads"] <= all_facts["max_threads_per_block"]
+        assert c.params["threads"] % all_facts["warp_size"] == 0
+        assert c.params["vec_bytes"] >= size and c.params["vec_bytes"] % size == 0
+
+
+def test_a_smaller_block_limit_is_obeyed(shipped_ruleset, load_profile, all_facts):
+    pool = make_plan(shipped_ruleset, load_profile("default"), {**all_facts, "max_threads_per_block": 256}, 10_000)
+    assert pool and max(c.params["threads"] for c in pool) == 256
+
+
+def test_fast_exp_only_where_fast_intrinsics_is_legal(full_pool):
+    prof, pool = full_pool
+    fast_legal = prof.preservation.axes["math"] == "approximate" and "fast_intrinsics" not in prof.choice.forbid
+    fast = [c for c in pool if c.params["fast_exp"]]
+    assert bool(fast) == fast_legal
+    for c in pool:
+        assert ("fast_intrinsics" in c.rules) == c.params["fast_exp"]
+
+
+def test_vector_loads_iff_wider_than_an_element(full_pool):
+    _, pool = full_pool
+    for c in pool:
+        assert ("vector_loads" in c.rules) == (c.params["vec_bytes"] > DTYPES[c.dtype].size), c.id
+    assert {c.params["vec_bytes"] for c in pool} == {4, 16}
+
+
+def test_illegal_families_give_no_candidates(shipped_ruleset, load_profile, all_facts):
+    prof = load_profile("bitwise")
+    assert {c.family for c in make_plan(shipped_ruleset, prof, all_facts)} == {"row_max_tree"}
+
+
+def test_the_best_few_are_kept_per_family_and_dtype(full_pool, shipped_ruleset, all_facts):
+    prof, pool = full_pool
+    for k in [1, 3]:
+        kept = make_plan(shipped_ruleset, prof, all_facts, per_family=k)
+        groups = Counter((c.family, c.dtype) for c in kept)
+        assert set(groups) == {(c.family, c.dtype) for c in pool}
+        assert max(groups.values()) <= k
+        for fam, dtype in groups:
+            mine = [c for c in kept if (c.family, c.dtype) == (fam, dtype)]
+            others = [c for c in pool if (c.family, c.dtype) == (fam, dtype) and c not in mine]
+            assert [c.score for c in mine] == sorted(c.score for c in mine)
+            assert all(c.score <= o.score for c in mine for o in others)
+
+
+def test_candidates_are_well_formed(full_pool):
+    prof, pool = full_pool
+    assert len({c.id for c in pool}) == len(pool)
+    for c in pool:
+        assert len(c.predicted_seconds) == len(prof.workload[c.op].shapes)
+        assert all(math.isfinite(t) and t > plan.LAUNCH_SECONDS for t in c.predicted_seconds)
+        assert plan.Candidate.from_record(c.as_record()) == c
+
+
+def test_a_fact_the_plan_does_not_read_changes_nothing(shipped_ruleset, load_profile, all_facts):
+    prof = load_profile("default")
+    other = {k: (v * 3 if k not in plan.PLAN_FACTS else v) for k, v in all_facts.items()}
+    assert other != all_facts
+    before = [c.as_record() for c in make_plan(shipped_ruleset, prof, all_facts)]
+    assert [c.as_record() for c in make_plan(shipped_ruleset, prof, other)] == before
+
+
+def test_more_dram_bandwidth_predicts_shorter_times(shipped_ruleset, load_profile, all_facts):
+    prof = load_profile("default")
+    slow = {c.id: c for c in make_plan(shipped_ruleset, prof, all_facts, 10_000)}
+    fast = {c.id: c for c in make_plan(shipped_ruleset, prof,
+                                       {**all_facts, "dram_bandwidth": 2 * all_facts["dram_bandwidth"]}, 10_000)}
+    assert slow.keys() == fast.keys()
+    for cid in slow:
+        assert all(f < s for f, s in zip(fast[cid].predicted_seconds, slow[cid].predicted_seconds)), cid
