@@ -57,9 +57,8 @@ class Store:
 
     def put_blob(self, data: bytes) -> str:
         blob_digest = digest.of_bytes(data)
-        path = self._object_path(blob_digest)
-        if not path.exists():
-            write_atomic(path, data)
+        if self.get_blob(blob_digest) is None:   # absent, or present but corrupt: (re)write it
+            write_atomic(self._object_path(blob_digest), data)
         return blob_digest
 
     def get_blob(self, blob_digest: str) -> bytes | None:
@@ -74,7 +73,7 @@ class Store:
         write_atomic(self._action_path(entry.key), digest.pack([payload, digest.of_bytes(payload)]))
 
     def get_action(self, key: str) -> ActionEntry | None:
-        """The entry for `key` if it is intact and all its blobs are present and intact."""
+        """The entry for `key` if it is intact (its blobs are checked by fetch_outputs)."""
         try:
             payload, checksum = digest.unpack(self._action_path(key).read_bytes())
             if digest.of_bytes(payload) != checksum:

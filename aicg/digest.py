@@ -15,7 +15,7 @@ import xxhash
 
 def _canonical(value):
     if isinstance(value, Mapping):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {k: _canonical(v) for k, v in sorted(value.items(), key=lambda kv: (type(kv[0]).__name__, kv[0]))}
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
     if isinstance(value, Path):

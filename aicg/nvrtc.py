@@ -86,8 +86,8 @@ def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch
         log = _program_log(prog)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             # NVRTC names headers by include name; point at their files.
-            for name in names:
-                log = log.replace(f"{name}(", f"{header_dir}/{name}(")
+            log = re.sub(r"^(" + "|".join(map(re.escape, names)) + r")\(", rf"{header_dir}/\1(", log,
+                         flags=re.M) if names else log
             raise CompileError(f"NVRTC could not compile {source_name} for {arch}:\n{log.strip()}")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
         cubin = b" " * size

@@ -39,6 +39,8 @@ class Profile:
 
 def _shapes(table: tomlfile.Table) -> tuple[tuple[int, int], ...]:
     shapes = table.get("shapes", list, item=list)
+    if not shapes:
+        raise table.error("shapes", "at least one [rows, cols] pair", shapes)
     for shape in shapes:
         if len(shape) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape):
             raise table.error("shapes", "[rows, cols] pairs of positive integers", shape)

@@ -53,8 +53,6 @@ def test_of_bytes_is_xxh3_128_and_of_file_agrees(tmp_path):
     assert digest.of_file(tmp_path / "f") == digest.of_bytes(data)
 
 
-@pytest.mark.xfail(strict=True, reason="_canonical turns every key into str(key): the keys 1 and '1' collide, "
-                   "and which value survives depends on insertion order")
 def test_equal_dicts_with_int_and_str_keys_digest_alike():
     a = {1: "int key", "1": "str key"}
     b = {"1": "str key", 1: "int key"}

@@ -1,10 +1,11 @@
 import re
+from pathlib import Path
 
 import pytest
 
 from aicg import hw
 
-TARGETS = ["a100-sxm4-80gb", "h100-sxm", "h200", "l4"]
+TARGETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "hwdb").glob("*.toml"))
 
 MEASURED = """
 [measured.dram_bandwidth]
@@ -24,10 +25,6 @@ def _drop_table(path, header):
     new = re.sub(rf"^\[{re.escape(header)}\]\n(?:(?!\[).*\n)*", "", text, flags=re.M)
     assert new != text
     path.write_text(new)
-
-
-def test_every_target_in_the_repo_is_listed(repo):
-    assert sorted(p.stem for p in (repo / "hwdb").glob("*.toml")) == TARGETS
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -56,7 +53,7 @@ def test_a_measured_fact_beats_the_datasheet(hwdb_dir):
 
 
 def test_an_unknown_target(hwdb_dir, raises_input_error):
-    with raises_input_error(hwdb_dir / "h300.toml", "target", "a hwdb entry, one of: a100-sxm4-80gb, h100-sxm"):
+    with raises_input_error(hwdb_dir / "h300.toml", "target", "a hwdb entry, one of: " + ", ".join(TARGETS)):
         hw.load_target(hwdb_dir, "h300")
 
 
@@ -81,6 +78,7 @@ def test_a_missing_required_fact(hwdb_dir, raises_input_error):
 def test_bad_entries(hwdb_dir, raises_input_error, old, new, key, expected):
     path = hwdb_dir / "h100-sxm.toml"
     text = path.read_text()
+    assert old in text
     path.write_text(text.replace(old, new, 1))   # the first occurrence: the first fact of the file
     with raises_input_error(path, key, expected):
         hw.load(path)

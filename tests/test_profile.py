@@ -29,7 +29,8 @@ def test_shipped_profiles_load(repo, shipped_ruleset, name):
 
 
 def test_the_files_settings_arrive(repo, shipped_ruleset):
-    load = lambda name: profile.load(repo / "rulesets" / "profiles" / f"{name}.toml", shipped_ruleset, repo / "hwdb")
+    def load(name):
+        return profile.load(repo / "rulesets" / "profiles" / f"{name}.toml", shipped_ruleset, repo / "hwdb")
     deterministic = load("deterministic")
     assert deterministic.name == "h200-deterministic" and deterministic.target == "h200"
     assert deterministic.choice.forbid == {"fast_intrinsics"} and deterministic.choice.select is None
@@ -109,12 +110,11 @@ def test_an_empty_workload(default_profile, edit, raises_input_error, shipped_ru
 
 def test_a_target_missing_from_this_hwdb(default_profile, raises_input_error, shipped_ruleset, hwdb_dir):
     (hwdb_dir / "h200.toml").unlink()
-    with raises_input_error(default_profile, "instance.target", "(one of: a100-sxm4-80gb, h100-sxm, l4)"):
+    others = ", ".join(sorted(p.stem for p in hwdb_dir.glob("*.toml")))
+    with raises_input_error(default_profile, "instance.target", f"(one of: {others})"):
         profile.load(default_profile, shipped_ruleset, hwdb_dir)
 
 
-@pytest.mark.xfail(strict=True, reason="an empty shapes list is accepted; the planner then divides by zero "
-                   "computing a candidate's score")
 def test_an_empty_shapes_list(default_profile, edit, raises_input_error, shipped_ruleset, hwdb_dir):
     edit(default_profile, "shapes = [[32768, 4096], [4096, 32768], [8192, 1000], [65536, 128]]", "shapes = []")
     with raises_input_error(default_profile, "workload[0].shapes", "at least one"):

@@ -29,7 +29,7 @@ def _dtype_name(view, obj) -> str:
 def view(obj, what: str) -> DeviceArray:
     from cuda.core.utils import StridedMemoryView
     try:
-        v = StridedMemoryView(obj, stream_ptr=-1)
+        v = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
     except Exception as err:
         raise TypeError(f"{what}: expected a CUDA array (DLPack or __cuda_array_interface__), got {type(obj).__name__}: {err}") from None
     if not v.is_device_accessible or v.device_id < 0:

@@ -14,7 +14,10 @@ from pathlib import Path
 from .. import tomlfile
 
 HOLDS = {"real", "exact"}
-TEMPLATE_PARAMS = ("threads", "vec_bytes", "topology", "fast_exp")
+# Every family template takes these parameters: (type, allowed values or None).
+PARAM_TYPES = {"threads": (int, None), "vec_bytes": (int, None),
+               "topology": (str, {"warp", "block"}), "fast_exp": (bool, None)}
+TEMPLATE_PARAMS = tuple(PARAM_TYPES)
 PARAM_PREDICATES = {"wider_than_element", "true"}
 
 
@@ -207,7 +210,8 @@ def _family_fields(t: tomlfile.Table, base: dict, rules: dict[str, Rule]) -> dic
         for name in params.keys():
             if name not in TEMPLATE_PARAMS:
                 raise params.error(name, "a template parameter (" + ", ".join(TEMPLATE_PARAMS) + ")")
-            merged[name] = tuple(params.get(name, list))
+            kind, choices = PARAM_TYPES[name]
+            merged[name] = tuple(params.get(name, list, item=kind, choices=choices))
         params.done()
         fields["params"] = merged
     if "param_rules" in t:
@@ -225,7 +229,9 @@ def _family_fields(t: tomlfile.Table, base: dict, rules: dict[str, Rule]) -> dic
 def _load_families(path: Path, ops: dict[str, OpSemantics], rules: dict[str, Rule]) -> dict[str, Family]:
     doc = tomlfile.read(path)
     doc.get("schema", int, choices={1})
-    defaults = _family_fields(doc.table("defaults", default={}), {}, rules)
+    defaults_table = doc.table("defaults", default={})
+    defaults = _family_fields(defaults_table, {}, rules)
+    defaults_table.done()
     families = {}
     for name, t in doc.table("families").tables():
         fields = _family_fields(t, defaults, rules)

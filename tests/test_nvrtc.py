@@ -1,0 +1,145 @@
+import os
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from aicg import codegen, hw, nvrtc, plan, profile
+from aicg.errors import CompileError
+from aicg.semantics import legality
+
+ARCH_TARGET = {"sm_80": "a100-sxm4-80gb", "sm_90": "h100-sxm"}   # an hwdb entry of each arch
+PARAMS = {"threads": 256, "vec_bytes": 16, "topology": "block", "fast_exp": False}
+
+
+@pytest.fixture(scope="session")
+def kernels(repo):
+    return repo / "kernels"
+
+
+@pytest.fixture(scope="session")
+def planned(repo, shipped_ruleset):
+    """The candidates `doit build` would compile for a shipped profile."""
+    def candidates(name):
+        rs = shipped_ruleset
+        prof = profile.load(repo / "rulesets" / "profiles" / f"{name}.toml", rs, repo / "hwdb")
+        target = hw.load_target(repo / "hwdb", prof.target)
+        facts = {f: target.fact(f) for f in plan.PLAN_FACTS}
+        out = []
+        for op, w in prof.workload.items():
+            legal = legality.decide(op, rs, prof.preservation, prof.choice)
+            out += plan.plan_op(op, legal, rs.families_of(op), w.dtypes, w.shapes, facts, prof.candidates_per_family)
+        return out
+    return candidates
+
+
+def compile_candidate(rs, kernels, c, arch):
+    family = rs.families[c.family]
+    src = codegen.source(c.id, family, c.dtype, c.params)
+    return nvrtc.compile_cubin(src, f"{c.id}.cu", nvrtc.include_closure(family.header, kernels), arch)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_TARGET))
+def test_every_planned_candidate_compiles(repo, shipped_ruleset, kernels, planned, arch):
+    """Every candidate of the default and the fast profile (fast_exp included)."""
+    regs_per_sm = hw.load_target(repo / "hwdb", ARCH_TARGET[arch]).fact("registers_per_sm")
+    candidates = {c.id: c for name in ["default", "fast"] for c in planned(name)}
+    assert any(c.params["fast_exp"] for c in candidates.values())
+
+    def check(c):
+        try:
+            cubin, report, _ = compile_candidate(shipped_ruleset, kernels, c, arch)
+        except CompileError as err:
+            return [f"{c.id}: {err}"]
+        problems = []
+        if not cubin.startswith(b"\x7fELF"):
+            problems.append(f"{c.id}: not an ELF cubin")
+        if report["registers"] <= 0 or report["spill_store_bytes"] or report["spill_load_bytes"]:
+            problems.append(f"{c.id}: {report}")
+        if report["registers"] * c.params["threads"] > regs_per_sm:
+            problems.append(f"{c.id}: {report['registers']} registers x {c.params['threads']} threads")
+        return problems
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:      # NVRTC compiles separate programs concurrently
+        problems = [p for found in pool.map(check, candidates.values()) for p in found]
+    assert not problems, "\n".join(problems)
+
+
+def _family_including(rs, kernels, header):
+    return next(f for f in rs.families.values() if header in nvrtc.include_closure(f.header, kernels))
+
+
+@pytest.mark.parametrize("header", [
+    "aicg_types.cuh", "reduce.cuh", "row_access.cuh", "norms.cuh", "welford.cuh", "softmax.cuh",
+    "row_reduce.cuh",
+    "online_softmax.cuh",
+])
+def test_a_syntax_error_in_a_header_names_its_file_and_line(tmp_path, shipped_ruleset, kernels, header):
+    broken = shutil.copytree(kernels, tmp_path / "kernels")
+    lines = (broken / header).read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("namespace aicg {")) + 1
+    lines.insert(at, "__device__ int aicg_broken = ;\n")
+    (broken / header).write_text("".join(lines))
+
+    family = _family_including(shipped_ruleset, kernels, header)
+    src = codegen.source("broken", family, "float32", PARAMS)
+    with pytest.raises(CompileError) as info:
+        nvrtc.compile_cubin(src, "broken.cu", nvrtc.include_closure(family.header, broken), "sm_90")
+    message = str(info.value)
+    assert "broken.cu for sm_90" in message
+    first = re.search(r"^(\S+)\((\d+)\): error", message, re.M)
+    assert first and (first.group(1), int(first.group(2))) == (f"kernels/{header}", at + 1), message
+
+
+def test_include_closure_follows_includes_transitively(kernels):
+    # From the #include lines of kernels/*.cuh.
+    assert set(nvrtc.include_closure("softmax.cuh", kernels)) == {
+        "softmax.cuh", "online_softmax.cuh", "reduce.cuh", "row_access.cuh", "aicg_types.cuh"}
+    assert set(nvrtc.include_closure("norms.cuh", kernels)) == {
+        "norms.cuh", "reduce.cuh", "row_access.cuh", "welford.cuh", "aicg_types.cuh"}
+    closure = nvrtc.include_closure("row_reduce.cuh", kernels)
+    assert set(closure) == {"row_reduce.cuh", "reduce.cuh", "row_access.cuh", "aicg_types.cuh"}
+    assert all(closure[name] == (kernels / name).read_bytes() for name in closure)
+
+
+def test_include_closure_on_a_cycle_and_comments(tmp_path):
+    (tmp_path / "a.cuh").write_text('#include "b.cuh"\n// #include "commented.cuh"\n#include <system.h>\n')
+    (tmp_path / "b.cuh").write_text('  #  include "c.cuh"\n')
+    (tmp_path / "c.cuh").write_text('#include "a.cuh"\n')
+    assert list(nvrtc.include_closure("a.cuh", tmp_path)) == ["a.cuh", "b.cuh", "c.cuh"]
+    (tmp_path / "c.cuh").write_text('#include "missing.cuh"\n')
+    with pytest.raises(CompileError, match="missing.cuh"):
+        nvrtc.include_closure("a.cuh", tmp_path)
+
+
+def test_compiling_twice_gives_identical_artifacts(shipped_ruleset, kernels):
+    family = shipped_ruleset.families["layernorm_welford"]
+    src = codegen.source("det", family, "bfloat16", PARAMS)
+    headers = nvrtc.include_closure(family.header, kernels)
+    before = nvrtc.compilations
+    first = nvrtc.compile_cubin(src, "det.cu", headers, "sm_90")
+    nvrtc.compile_cubin(codegen.source("other", shipped_ruleset.families["row_sum_tree"], "float32", PARAMS),
+                        "other.cu", nvrtc.include_closure("row_reduce.cuh", kernels), "sm_90")
+    second = nvrtc.compile_cubin(src, "det.cu", headers, "sm_90")
+    assert nvrtc.compilations == before + 3
+    assert first[0] == second[0]            # byte-identical cubin
+    assert first[1] == second[1] and first[2] == second[2]
+    assert "Compile time" not in first[2]
+
+
+def test_parse_report_reads_ptxas_lines():
+    log = ("ptxas info    : Function properties for aicg_kernel\n"
+           "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 136 bytes smem, 400 bytes cmem[0]\n")
+    assert nvrtc.parse_report(log) == {"registers": 40, "shared_bytes": 136, "stack_bytes": 24,
+                                       "spill_store_bytes": 8, "spill_load_bytes": 12, "barriers": 1}
+
+
+@pytest.mark.parametrize("topology, threads", [("warp", 128), ("warp", 1024), ("block", 256)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 32, 1000])
+def test_launch_geometry_covers_every_row_once(topology, threads, rows):
+    blocks, block_threads = codegen.launch_geometry({"threads": threads, "topology": topology}, rows)
+    per_block = threads // 32 if topology == "warp" else 1
+    assert block_threads == threads
+    assert (blocks - 1) * per_block < rows <= blocks * per_block
