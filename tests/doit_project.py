@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from doit import cmd_run
 from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
@@ -55,11 +56,14 @@ def doit(project: Path, *args: str, cache: Path | None = None) -> Run:
     os.environ["AICG_CACHE_DIR"] = str(cache or project / "cache")
     before = nvrtc.compilations
     out = io.StringIO()
+    default_outfile = cmd_run.opt_outfile["default"]
+    cmd_run.opt_outfile["default"] = out   # doit bound sys.stdout when it was imported
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             loader = ModuleTaskLoader({"task_instance": doit_tasks.task_instance, "DOIT_CONFIG": doit_tasks.DOIT_CONFIG})
             code = DoitMain(loader).run(list(args))
     finally:
+        cmd_run.opt_outfile["default"] = default_outfile
         os.chdir(old_cwd)
         if old_cache is None:
             os.environ.pop("AICG_CACHE_DIR", None)

@@ -1,0 +1,196 @@
+"""The build's promises, each checked by counting what a rebuild runs."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from aicg import cas, digest
+from aicg.tasks import graph, step
+from doit_project import doit, make_project
+
+PROFILE = "profile=rulesets/profiles/small.toml"
+
+
+@pytest.fixture
+def project(tmp_path):
+    return make_project(tmp_path / "proj")
+
+
+@pytest.fixture
+def built(project):
+    run = doit(project, "build", PROFILE)
+    assert run.code == 0, run.output
+    return project
+
+
+def instance_files(project):
+    root = project / "build/small"
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    return {name: data for name, data in files.items() if not name.startswith(".receipts/")}  # bookkeeping
+
+
+def test_first_build_runs_every_step_and_prints_the_summary(project):
+    run = doit(project, "build", PROFILE)
+    assert run.code == 0, run.output
+    kinds = {name.split(":")[0] for name in run.executed}
+    assert kinds == {"hw", "legality", "plan", "codegen", "compile", "validate", "select", "package"}
+    assert run.compilations == len([n for n in run.executed if n.startswith("compile:")]) == 6
+    for column in ("legal families", "chosen", "params", "regs", "smem", "spills", "validation"):
+        assert column in run.output
+    assert "UNVALIDATED" in run.output   # no GPU here, and no validation in this fresh cache
+    manifest = json.loads((project / "build/small/manifest.json").read_text())
+    assert set(manifest["kernels"]) == {"softmax.float32", "row_sum.float32"}
+    for entry in manifest["kernels"].values():
+        cubin = (project / "build/small" / entry["cubin"]).read_bytes()
+        assert digest.of_bytes(cubin) == entry["cubin_digest"] and entry["resources"]["registers"] > 0
+
+
+def test_a_second_build_runs_nothing_and_says_so(built):
+    run = doit(built, "build", PROFILE)
+    assert run.code == 0 and run.executed == [] and run.compilations == 0
+    assert "nothing to do" in run.output
+
+
+def test_touching_inputs_without_changing_them_runs_nothing(built):
+    for path in [*built.glob("rulesets/**/*.toml"), *built.glob("hwdb/*.toml"), *built.glob("kernels/*.cuh")]:
+        path.touch()
+    assert doit(built, "build", PROFILE).executed == []
+
+
+def test_a_softmax_only_rule_edit_reruns_only_softmax(built, edit):
+    edit(built / "rulesets/rules.toml", 'needs = ["online_decomposable"]',
+         'needs = ["online_decomposable", "shift_invariant"]')
+    run = doit(built, "build", PROFILE)
+    assert "legality:softmax" in run.executed
+    assert all("softmax" in name or name == "package" for name in run.executed), run.executed
+    assert run.compilations == 0
+
+
+def test_a_header_edit_recompiles_only_the_candidates_that_include_it(built):
+    header = built / "kernels/online_softmax.cuh"
+    header.write_text(header.read_text() + "\n// an edit\n")
+    run = doit(built, "build", PROFILE)
+    compiled = {n for n in run.executed if n.startswith("compile:")}
+    assert compiled and all(n.startswith("compile:softmax_") for n in compiled)
+    # a comment leaves the cubins as they were: nothing downstream of compile runs
+    assert set(run.executed) == compiled
+
+
+def test_a_hw_fact_the_plan_does_not_read_changes_no_plan(built, edit):
+    edit(built / "hwdb/h200.toml", "value = 989.4e12", "value = 990e12")
+    run = doit(built, "build", PROFILE)
+    assert "hw:h200" in run.executed
+    assert not [n for n in run.executed if n.split(":")[0] in {"plan", "codegen", "compile", "select"}]
+
+
+def test_deleting_build_restores_everything_from_the_cache_without_compiling(built):
+    before = instance_files(built)
+    shutil.rmtree(built / "build")
+    run = doit(built, "build", PROFILE)
+    assert run.code == 0 and run.compilations == 0
+    assert "restored from cache" in run.output
+    assert instance_files(built) == before   # same inputs, bit-identical instance
+
+
+def test_a_corrupt_cache_entry_is_a_miss_and_is_rebuilt(built):
+    before = instance_files(built)
+    cubin_digest = digest.of_bytes(next((built / "build/small/cubin").glob("*.cubin")).read_bytes())
+    blob = built / "cache/objects" / cubin_digest[:2] / cubin_digest[2:]
+    blob.write_bytes(blob.read_bytes()[:100])          # truncated
+    for entry in (built / "cache/actions").rglob("*"):
+        if entry.is_file() and entry.stat().st_size % 3 == 0:
+            entry.write_bytes(b"\x00garbage")             # and some action entries destroyed
+    shutil.rmtree(built / "build")
+    run = doit(built, "build", PROFILE)
+    assert run.code == 0 and run.compilations >= 1
+    assert instance_files(built) == before
+
+
+def test_another_profile_builds_beside_the_first(built):
+    run = doit(built, "build", "profile=rulesets/profiles/bitwise.toml")
+    assert run.code == 0, run.output
+    assert (built / "build/small/manifest.json").exists()
+    manifest = json.loads((built / "build/h200-bitwise/manifest.json").read_text())
+    assert set(manifest["kernels"]) == {"row_max.float32", "row_max.bfloat16"}
+    assert "order = 'fixed'" in manifest["unavailable"]["softmax.float32"]
+    assert "softmax" in run.output and "order = 'fixed'" in run.output
+
+
+def test_list_info_and_clean_behave_as_doit_users_expect(built):
+    listing = doit(built, "list", PROFILE)
+    for kind in ("build", "hw", "legality", "plan", "codegen", "compile", "validate", "select", "package"):
+        assert any(line.startswith(kind + " ") and len(line.split()) > 1 for line in listing.output.splitlines()), kind
+    info = doit(built, "info", PROFILE, "plan:softmax")
+    assert info.code == 0 and "legality:softmax" in info.output
+    assert doit(built, "clean", PROFILE).code in (0, None)   # doit's clean returns no status
+    assert not (built / "build/small/manifest.json").exists()
+    assert not list((built / "build/small").rglob("*.cubin"))
+    run = doit(built, "build", PROFILE)
+    assert run.compilations == 0 and (built / "build/small/manifest.json").exists()
+
+
+def test_a_validation_done_on_the_target_is_reused_without_a_gpu(built):
+    """A GPU node's result in the shared store is taken as is, keyed by cubin and GPU."""
+    instance = graph.load_instance(graph.Layout(built), built / "rulesets/profiles/small.toml",
+                                   built / "cache", built / "build")
+    validate = next(s for s in instance.steps if s.name.startswith("validate:softmax_online"))
+    key = step.key(validate, instance.env)
+    record = {"status": "passed", "device": "NVIDIA H200", "checks": [],
+              "timings": [{"shape": [64, 1000], "median_seconds": 1e-6}]}
+    out = validate.targets[0]
+    instance.env.store.put_action(cas.ActionEntry(key, "validate", {out: instance.env.store.put_blob(
+        graph.to_json(record))}))
+    shutil.rmtree(built / "build")
+    run = doit(built, "build", PROFILE)
+    manifest = json.loads((built / "build/small/manifest.json").read_text())
+    assert manifest["kernels"]["softmax.float32"]["validation"] == "passed"
+    assert manifest["kernels"]["softmax.float32"]["candidate"] == validate.name.split(":", 1)[1]
+    assert run.compilations == 0
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("[instance]\nname = 'x'\ntarget = 'h200'\npreservation = 'tolerance'\n[[workload]]\nops = ['softmaks']\n"
+     "dtypes = ['float32']\nshapes = [[1, 2]]\n", "small.toml: workload[0].ops: expected one of"),
+    ("[instance\n", "small.toml: (syntax): expected valid TOML"),
+    ("[instance]\nname = 'x'\ntarget = 'h900'\npreservation = 'tolerance'\n", "small.toml: instance.target: expected a hwdb entry"),
+    ("[instance]\nname = 'x'\ntarget = 'h200'\npreservation = 'tolerance'\ncolour = 1\n", "small.toml: instance.colour: expected a known key"),
+])
+def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, bad, message):
+    project = make_project(tmp_path / "proj", bad)
+    run = doit(project, "build", PROFILE)
+    assert run.code != 0 and message in run.output, run.output
+    assert "Traceback" not in run.output
+    assert not (project / "build").exists() and not (project / "cache").exists()
+
+
+def test_a_kernel_that_fails_to_compile_names_the_header_and_line_and_caches_nothing(project):
+    header = project / "kernels/welford.cuh"
+    header.write_text(header.read_text().replace("struct Welford { float n, mean, m2; };", "struct Welford { float n mean; };"))
+    profile = (project / "rulesets/profiles/small.toml").read_text().replace('["softmax", "row_sum"]', '["layernorm"]')
+    (project / "rulesets/profiles/small.toml").write_text(profile)
+    run = doit(project, "build", PROFILE)
+    assert run.code != 0
+    assert "kernels/welford.cuh(" in run.output and "error" in run.output
+    store = cas.Store(project / "cache")
+    steps_cached = {store.get_action(e.parent.name + e.name).step for e in (project / "cache/actions").rglob("*") if e.is_file()}
+    assert "compile" not in steps_cached    # failures are never cached
+    assert not (project / "build/small/manifest.json").exists()
+
+
+def test_an_input_changed_while_a_step_runs_is_not_published(tmp_path):
+    env = step.Env(tmp_path / "inst", cas.Store(tmp_path / "cache"))
+    upstream = step.Step("codegen:a", "", {"v": 1}, lambda ctx: step.Result({"src/a.cu": b"one"}), ("codegen.py",))
+    step.execute(upstream, env)
+
+    def run(ctx):
+        (env.instance_dir / "src/a.cu").write_bytes(b"two")   # someone edits the input meanwhile
+        return step.Result({"out/a": ctx.upstream("codegen:a", "src/a.cu")})
+
+    down = step.Step("compile:a", "", {}, run, ("nvrtc.py",), upstream=("codegen:a",))
+    with pytest.raises(Exception, match="changed while"):
+        step.execute(down, env)
+    assert env.receipt("compile:a") is None and not (env.instance_dir / "out/a").exists()
+    cached = [env.store.get_action(p.parent.name + p.name).step for p in (tmp_path / "cache/actions").rglob("*") if p.is_file()]
+    assert cached == ["codegen"]
