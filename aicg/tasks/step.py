@@ -50,18 +50,40 @@ class Step:
 
 @dataclass
 class Env:
-    """Where one instance's steps publish, and the store they share."""
+    """Where one instance's steps publish, and the store they share.
+
+    Receipts are read once per load and then kept in memory: a build reads
+    each upstream receipt from every downstream step, and this process is
+    the only writer during a build.
+    """
     instance_dir: Path
     store: cas.Store
+    _receipts: dict = field(default_factory=dict, repr=False)
+    _reads: dict = field(default_factory=dict, repr=False)
 
     def receipt_path(self, step_name: str) -> Path:
         return self.instance_dir / ".receipts" / (step_name.replace(":", ".") + ".msgpack")
 
     def receipt(self, step_name: str) -> dict | None:
-        try:
-            return digest.unpack(self.receipt_path(step_name).read_bytes())
-        except Exception:  # missing or unreadable receipts mean "not built"
-            return None
+        if step_name not in self._receipts:
+            try:
+                self._receipts[step_name] = digest.unpack(self.receipt_path(step_name).read_bytes())
+            except Exception:  # missing or unreadable receipts mean "not built"
+                return None
+        return self._receipts[step_name]
+
+    def write_receipt(self, step_name: str, receipt: dict | None) -> None:
+        self._receipts.pop(step_name, None)
+        if receipt is None:
+            self.receipt_path(step_name).unlink(missing_ok=True)
+        else:
+            cas.write_atomic(self.receipt_path(step_name), digest.pack(receipt))
+            self._receipts[step_name] = receipt
+
+    def reads_digest(self, step: "Step") -> str:
+        if step.name not in self._reads:
+            self._reads[step.name] = digest.of_value(step.reads)
+        return self._reads[step.name]
 
 
 @functools.cache
@@ -78,7 +100,7 @@ def key(step: Step, env: Env) -> str | None:
             return None
         upstream[name] = receipt["outputs"]
     return digest.of_value({"kind": step.kind, "code": code_digest(step.code),
-                            "reads": step.reads, "upstream": upstream})
+                            "reads": env.reads_digest(step), "upstream": upstream})
 
 
 def is_fresh(step: Step, env: Env) -> bool:
@@ -117,7 +139,7 @@ def _publish(step: Step, env: Env, step_key: str, outputs: dict[str, bytes], ori
                "outputs": {p: digest.of_bytes(d) for p, d in outputs.items()}}
     if step.local_state is not None:
         receipt["state"] = step.local_state()
-    cas.write_atomic(env.receipt_path(step.name), digest.pack(receipt))
+    env.write_receipt(step.name, receipt)
 
 
 def execute(step: Step, env: Env) -> str:
@@ -125,7 +147,7 @@ def execute(step: Step, env: Env) -> str:
     step_key = key(step, env)
     if step_key is None:
         raise InputChanged(f"an upstream step of {step.name} has no published result")
-    env.receipt_path(step.name).unlink(missing_ok=True)   # a failed run leaves the step stale
+    env.write_receipt(step.name, None)   # a failed run leaves the step stale
 
     entry = env.store.get_action(step_key)
     restored = env.store.fetch_outputs(entry) if entry else None
@@ -150,4 +172,4 @@ def clean(step: Step, env: Env) -> None:
         (env.instance_dir / relpath).unlink(missing_ok=True)
     for relpath in step.targets:
         (env.instance_dir / relpath).unlink(missing_ok=True)
-    env.receipt_path(step.name).unlink(missing_ok=True)
+    env.write_receipt(step.name, None)
