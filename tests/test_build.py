@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from aicg import cas, digest
+from aicg.runtime import driver
 from aicg.tasks import graph, step
 from doit_project import doit, make_project
 
@@ -39,7 +40,8 @@ def test_first_build_runs_every_step_and_prints_the_summary(project):
     assert run.compilations == len([n for n in run.executed if n.startswith("compile:")]) == 6
     for column in ("legal families", "chosen", "params", "regs", "smem", "spills", "validation"):
         assert column in run.output
-    assert "UNVALIDATED" in run.output   # no GPU here, and no validation in this fresh cache
+    if driver.probe_device() is None:
+        assert "UNVALIDATED" in run.output   # no GPU here, and no validation in this fresh cache
     manifest = json.loads((project / "build/small/manifest.json").read_text())
     assert set(manifest["kernels"]) == {"softmax.float32", "row_sum.float32"}
     for entry in manifest["kernels"].values():
@@ -94,8 +96,12 @@ def test_deleting_build_restores_everything_from_the_cache_without_compiling(bui
     assert instance_files(built) == before   # same inputs, bit-identical instance
 
 
+def compiled_files(project):
+    return {n: d for n, d in instance_files(project).items() if n.startswith(("src/", "cubin/"))}
+
+
 def test_a_corrupt_cache_entry_is_a_miss_and_is_rebuilt(built):
-    before = instance_files(built)
+    before = compiled_files(built)   # (a re-validation on a GPU would time anew)
     cubin_digest = digest.of_bytes(next((built / "build/small/cubin").glob("*.cubin")).read_bytes())
     blob = built / "cache/objects" / cubin_digest[:2] / cubin_digest[2:]
     blob.write_bytes(blob.read_bytes()[:100])          # truncated
@@ -105,7 +111,7 @@ def test_a_corrupt_cache_entry_is_a_miss_and_is_rebuilt(built):
     shutil.rmtree(built / "build")
     run = doit(built, "build", PROFILE)
     assert run.code == 0 and run.compilations >= 1
-    assert instance_files(built) == before
+    assert compiled_files(built) == before
 
 
 def test_another_profile_builds_beside_the_first(built):
