@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import tomlfile
+from .errors import InputError
 
 # Every entry must state these; unit strings are checked so that a value in
 # the wrong unit (GB/s for byte/s, say) is caught when the entry is read.
@@ -114,6 +115,5 @@ def load_target(hwdb_dir: Path, target: str) -> Hardware:
     path = Path(hwdb_dir) / f"{target}.toml"
     if not path.exists():
         known = sorted(p.stem for p in Path(hwdb_dir).glob("*.toml"))
-        from .errors import InputError
         raise InputError(path, "target", "a hwdb entry, one of: " + ", ".join(known), target)
     return load(path)

@@ -38,12 +38,13 @@ def include_closure(header: str, kernels_dir: Path) -> dict[str, bytes]:
     return dict(sorted(found.items()))
 
 
-def _check(result, what: str, log: str = ""):
+def _check(result, what: str):
+    """The value of an NVRTC call that returns (status, value), or CompileError."""
     from cuda.bindings import nvrtc
-    err = result[0]
+    err, *values = result
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise CompileError(f"NVRTC {what} failed: {err.name}\n{log}")
-    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+        raise CompileError(f"NVRTC {what} failed: {err.name}")
+    return values[0] if values else None
 
 
 def _program_log(prog) -> str:

@@ -7,8 +7,8 @@ step.py); doit's database is local bookkeeping only.
 """
 from __future__ import annotations
 
+import json
 import os
-import sys
 from pathlib import Path
 
 from doit import get_var
@@ -112,7 +112,6 @@ class BuildReporter(ConsoleReporter):
         processed = set(ran) | set(cached) | set(self.fresh)
         if instance and "package" in processed and not self.failures:
             manifest_path = instance.env.instance_dir / "manifest.json"
-            import json
             self.write(f"\ninstance {instance.name} -> {manifest_path.parent}\n")
             self.write(summary.table(json.loads(manifest_path.read_text())))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import cas, codegen, digest, hw, nvrtc, plan, profile, toolchain
-from ..errors import InputChanged
+from ..errors import CompileError, InputChanged
 from ..semantics import legality as legality_engine
 from ..semantics import ruleset as ruleset_loader
 from .step import Env, Result, Step
@@ -104,16 +104,19 @@ def _codegen_step(cand: plan.Candidate, family) -> Step:
 def _compile_step(cand: plan.Candidate, family, arch: str, layout: Layout) -> Step:
     headers = nvrtc.include_closure(family.header, layout.kernels)
     header_digests = {name: digest.of_bytes(data) for name, data in headers.items()}
-    reads = {"arch": arch, "toolchain": toolchain.identity(), "options": list(nvrtc.OPTIONS),
-             "headers": header_digests}
     src, cubin, report = f"src/{cand.id}.cu", f"cubin/{cand.id}.cubin", f"cubin/{cand.id}.json"
+    reads = {"arch": arch, "toolchain": toolchain.identity(), "options": list(nvrtc.OPTIONS),
+             "headers": header_digests, "source_name": src}
 
     def run(ctx) -> Result:
         source = ctx.upstream(f"codegen:{cand.id}", src).decode()
         now = nvrtc.include_closure(family.header, layout.kernels)
         if now != headers:
             raise InputChanged(f"a header of {family.header} changed while the build ran")
-        binary, resources, log = nvrtc.compile_cubin(source, f"build/.../{src}", now, arch)
+        try:
+            binary, resources, log = nvrtc.compile_cubin(source, src, now, arch)
+        except CompileError as err:
+            raise CompileError(f"{err}\n(generated source: {ctx.env.instance_dir / src})") from None
         return Result({cubin: binary, report: to_json({"resources": resources, "ptxas": log, "arch": arch})})
 
     return Step(f"compile:{cand.id}", f"NVRTC-compile {cand.id} for {arch}", reads, run, ("nvrtc.py",),
@@ -162,7 +165,7 @@ def _select_step(op: str, work, candidates) -> Step:
 def load_instance(layout: Layout, profile_path: Path, cache_dir: Path, build_dir: Path) -> Instance:
     rules = ruleset_loader.load(layout.rules)
     prof = profile.load(profile_path, rules, layout.hwdb)
-    hardware = hw.load(layout.hwdb / f"{prof.target}.toml")
+    hardware = hw.load_target(layout.hwdb, prof.target)
     hw_facts = {f: hardware.fact(f) for f in plan.PLAN_FACTS}
     env = Env(Path(build_dir) / prof.name, cas.Store(cache_dir))
 
