@@ -12,7 +12,8 @@ from .ops import OPERATORS
 from .semantics.ruleset import Family
 
 ENTRY = "aicg_kernel"
-TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW"}
+TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thread": "aicg::THREAD_PER_ROW"}
+LANES_PER_ROW = {"warp": lambda threads: 32, "block": lambda threads: threads, "thread": lambda threads: 1}
 
 
 def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> str:
@@ -38,5 +39,5 @@ def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> 
 def launch_geometry(params: dict, rows: int) -> tuple[int, int]:
     """(blocks, threads per block) that cover `rows` rows."""
     threads = params["threads"]
-    rows_per_block = threads // 32 if params["topology"] == "warp" else 1
+    rows_per_block = threads // LANES_PER_ROW[params["topology"]](threads)
     return (rows + rows_per_block - 1) // rows_per_block, threads

@@ -26,6 +26,9 @@ class Operator:
     output: str                       # "matrix" (rows, cols) or "rows" (rows,)
     scalars: tuple[tuple[str, float], ...]
     reference: Callable
+    # The reference evaluation order in float32, for bitwise checks: only
+    # operators with an exact or sequential legal family need one.
+    emulate: Callable | None = None
 
     def kernel_params(self, ctype: str) -> list[str]:
         """C++ parameter list of the generated kernel, in launch order."""
@@ -71,10 +74,21 @@ def _layernorm(x, w, b, eps, **_):
     return y, (np.abs(x) + np.abs(mu)) * r * np.abs(w) + np.abs(b)
 
 
+def _row_sum_sequential(x32):
+    return np.add.accumulate(x32, axis=1, dtype=np.float32)[:, -1]
+
+
+def _row_max_exact(x32):
+    y = x32.max(axis=1)
+    # +0 beats -0 (kernels/reduce.cuh): a zero maximum is +0 when any +0 is in the row.
+    positive_zero = ((x32 == 0) & ~np.signbit(x32)).any(axis=1)
+    return np.where((y == 0) & positive_zero, np.float32(0.0), y)
+
+
 OPERATORS: dict[str, Operator] = {
     "softmax": Operator("softmax", (), "matrix", (), _softmax),
-    "row_sum": Operator("row_sum", (), "rows", (), _row_sum),
-    "row_max": Operator("row_max", (), "rows", (), _row_max),
+    "row_sum": Operator("row_sum", (), "rows", (), _row_sum, _row_sum_sequential),
+    "row_max": Operator("row_max", (), "rows", (), _row_max, _row_max_exact),
     "rmsnorm": Operator("rmsnorm", ("w",), "matrix", (("eps", EPS),), _rmsnorm),
     "layernorm": Operator("layernorm", ("w", "b"), "matrix", (("eps", EPS),), _layernorm),
 }

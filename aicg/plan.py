@@ -16,6 +16,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from . import codegen
 from .dtypes import DTYPES
 from .ops import OPERATORS
 from .semantics.legality import Legality
@@ -29,6 +30,7 @@ LAUNCH_SECONDS = 3e-6          # a kernel launch and its tail, order of magnitud
 CACHED_SWEEP_SPEEDUP = 3.0     # a re-read that hits L2 against one from DRAM
 BYTES_IN_FLIGHT_PER_THREAD = 16  # what saturates DRAM: one 16-byte access per resident thread
 BLOCK_REDUCTION_SECONDS = 1e-6  # a shared-memory reduction with two barriers, per block wave
+SECTOR_BYTES = 32               # the unit of a DRAM transaction
 
 _WHEN = {
     "wider_than_element": lambda value, dtype: value > dtype.size,
@@ -72,7 +74,7 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     dtype = DTYPES[dtype_name]
     op = OPERATORS[family.op]
     threads = p["threads"]
-    lanes = 32 if p["topology"] == "warp" else threads
+    lanes = codegen.LANES_PER_ROW[p["topology"]](threads)
     rows_per_block = threads // lanes
     blocks = math.ceil(rows / rows_per_block)
     vec = p["vec_bytes"] // dtype.size if cols % max(1, p["vec_bytes"] // dtype.size) == 0 else 1
@@ -98,7 +100,9 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     in_flight = resident_blocks * threads * vec * dtype.size
     saturation = hw["sm_count"] * hw["max_threads_per_sm"] * BYTES_IN_FLIGHT_PER_THREAD
     fill = min(1.0, in_flight / saturation)
-    bandwidth = hw["dram_bandwidth"] * fill * lane_use
+    # A thread per row: a warp's access touches 32 rows, one sector each.
+    coalescing = min(1.0, vec * dtype.size / SECTOR_BYTES) if lanes == 1 else 1.0
+    bandwidth = hw["dram_bandwidth"] * fill * lane_use * coalescing
 
     seconds = LAUNCH_SECONDS + (dram_bytes + cached_bytes / CACHED_SWEEP_SPEEDUP) / bandwidth
     if p["topology"] == "block":
@@ -122,14 +126,15 @@ def _best_spread(pool: list[Candidate], count: int) -> list[Candidate]:
     return (leaders + rest)[:count]
 
 
-def plan_op(op: str, legality: Legality, families: list[Family], dtypes, shapes, hw: dict,
+def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dtypes, shapes, hw: dict,
             per_family: int) -> list[Candidate]:
     """The candidates to build for `op`, best predicted first within each (family, dtype)."""
     chosen: list[Candidate] = []
     for family in families:
-        if not legality.families[family.name].legal:
-            continue
         for dtype_name in dtypes:
+            legality = legalities[dtype_name]
+            if not legality.families[family.name].legal:
+                continue
             dtype = DTYPES[dtype_name]
             pool = []
             for p in _combinations(family):

@@ -7,7 +7,9 @@
 
 namespace aicg {
 
-enum Topology { WARP_PER_ROW = 0, BLOCK_PER_ROW = 1 };
+// WARP_PER_ROW and BLOCK_PER_ROW reduce a row in a tree over their lanes;
+// THREAD_PER_ROW walks it in one thread, in order: the reference order.
+enum Topology { WARP_PER_ROW = 0, BLOCK_PER_ROW = 1, THREAD_PER_ROW = 2 };
 
 struct Sum {
   __device__ float identity() const { return 0.0f; }
@@ -16,8 +18,11 @@ struct Sum {
 
 struct Max {
   __device__ float identity() const { return -__int_as_float(0x7f800000); }
-  // fmaxf drops NaN; a NaN anywhere in the row must reach the output.
-  __device__ float operator()(float a, float b) const { return (a != a || a > b) ? a : b; }
+  // fmaxf drops NaN; a NaN anywhere in the row must reach the output. Of two
+  // zeros +0 wins, whichever side it is on, so every order gives the same bits.
+  __device__ float operator()(float a, float b) const {
+    return (a != a || a > b || (a == b && signbit(b))) ? a : b;
+  }
 };
 
 __device__ __forceinline__ float shfl_xor(float v, int mask) {
@@ -27,10 +32,10 @@ __device__ __forceinline__ float shfl_xor(float v, int mask) {
 // Row-group geometry for a launch: which row this thread serves and its lane.
 template <int THREADS, int TOPOLOGY>
 struct RowGroup {
-  static constexpr int lanes = TOPOLOGY == WARP_PER_ROW ? 32 : THREADS;
+  static constexpr int lanes = TOPOLOGY == WARP_PER_ROW ? 32 : TOPOLOGY == BLOCK_PER_ROW ? THREADS : 1;
   static constexpr int rows_per_block = THREADS / lanes;
   __device__ static long long row() {
-    return (long long)blockIdx.x * rows_per_block + (TOPOLOGY == WARP_PER_ROW ? threadIdx.x / 32 : 0);
+    return (long long)blockIdx.x * rows_per_block + threadIdx.x / lanes;
   }
   __device__ static int lane() { return threadIdx.x % lanes; }
 };
@@ -39,6 +44,7 @@ struct RowGroup {
 // State needs shfl_xor(State, int) and the Op needs operator()(State, State).
 template <int THREADS, int TOPOLOGY, typename State, typename Op>
 __device__ __forceinline__ State row_reduce(State v, Op op) {
+  if (TOPOLOGY == THREAD_PER_ROW) return v;
 #pragma unroll
   for (int mask = 16; mask > 0; mask >>= 1) v = op(v, shfl_xor(v, mask));
   if (TOPOLOGY == WARP_PER_ROW || THREADS == 32) return v;

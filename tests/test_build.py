@@ -37,7 +37,8 @@ def test_first_build_runs_every_step_and_prints_the_summary(project):
     assert run.code == 0, run.output
     kinds = {name.split(":")[0] for name in run.executed}
     assert kinds == {"hw", "legality", "plan", "codegen", "compile", "validate", "select", "package"}
-    assert run.compilations == len([n for n in run.executed if n.startswith("compile:")]) == 6
+    # softmax: 2 families, row_sum: tree and sequential; 2 candidates each
+    assert run.compilations == len([n for n in run.executed if n.startswith("compile:")]) == 8
     for column in ("legal families", "chosen", "params", "regs", "smem", "spills", "validation"):
         assert column in run.output
     if driver.probe_device() is None:
@@ -119,9 +120,20 @@ def test_another_profile_builds_beside_the_first(built):
     assert run.code == 0, run.output
     assert (built / "build/small/manifest.json").exists()
     manifest = json.loads((built / "build/h200-bitwise/manifest.json").read_text())
-    assert set(manifest["kernels"]) == {"row_max.float32", "row_max.bfloat16"}
-    assert "order = 'fixed'" in manifest["unavailable"]["softmax.float32"]
-    assert "softmax" in run.output and "order = 'fixed'" in run.output
+    assert set(manifest["kernels"]) == {"row_max.float32", "row_max.bfloat16", "row_sum.float32", "row_sum.bfloat16"}
+    assert manifest["kernels"]["row_sum.float32"]["family"] == "row_sum_sequential"   # the only bitwise sum
+
+
+def test_a_profile_asking_for_what_its_rules_forbid_fails_with_the_reason(built):
+    bitwise_softmax = (built / "rulesets/profiles/bitwise.toml").read_text().replace(
+        'ops = ["row_sum", "row_max"]', 'ops = ["softmax", "row_max"]')
+    (built / "rulesets/profiles/bitwise_softmax.toml").write_text(bitwise_softmax)
+    run = doit(built, "build", "profile=rulesets/profiles/bitwise_softmax.toml")
+    assert run.code != 0
+    assert "FAILED legality:softmax" in run.output and "bitwise_softmax.toml: workload" in run.output
+    assert "function exp of softmax is correctly_rounded in real arithmetic only" in run.output
+    assert "order = 'fixed'" in run.output and "preset 'deterministic'" in run.output
+    assert not (built / "build/h200-bitwise/manifest.json").exists()
 
 
 def test_list_info_and_clean_behave_as_doit_users_expect(built):

@@ -1,5 +1,5 @@
-import dataclasses
-
+"""The legality engine: for every rule a legal and an illegal case, checked by
+the decision and the facts it cites (kind, outcome, fields), not by text."""
 import pytest
 
 from aicg.semantics import legality
@@ -7,97 +7,132 @@ from aicg.semantics import legality
 PRESETS = ["bitwise", "deterministic", "tolerance", "fast"]
 
 
-def decide(rs, preset, forbid=(), select=None, **axes):
-    """Legality of every operator under a preset (with axis overrides) and a rule choice."""
+def preservation(rs, preset, rtol=None, **axes):
     p = rs.presets[preset]
-    pres = legality.Preservation(preset, {**p.axes, **axes}, dict(p.tolerance))
+    tolerance = dict(p.tolerance)
+    if rtol is not None:
+        tolerance = {d: (rtol, a) for d, (_, a) in tolerance.items()}
+    return legality.Preservation(preset, {**p.axes, **axes}, tolerance)
+
+
+def rule_decision(rs, rule, op, preset, dtype="float32", forbid=(), select=None, rtol=None, **axes):
     choice = legality.RuleChoice(frozenset(forbid), None if select is None else frozenset(select))
-    return {op: legality.decide(op, rs, pres, choice) for op in rs.ops}
+    return legality.decide_rule(rs.rules[rule], rs.ops[op], dtype, rs, preservation(rs, preset, rtol, **axes), choice)
 
 
-@pytest.mark.parametrize("op", ["softmax", "row_sum", "rmsnorm", "layernorm"])
-def test_bitwise_leaves_sum_based_operators_without_a_family(shipped_ruleset, op):
-    result = decide(shipped_ruleset, "bitwise")[op]
+def cited(decision, kind, **fields):
+    """The facts of `kind` whose fields include `fields`."""
+    return [f for f in decision.facts if f.kind == kind and all(f[k] == v for k, v in fields.items())]
+
+
+# (rule, operator, preset, extra settings, expected legality, fact kind, fact fields, fact ok)
+CASES = [
+    ("sequential_reduction", "row_sum", "bitwise", {}, True, "no_needs", {}, True),
+    ("sequential_reduction", "row_sum", "bitwise", {"forbid": ["sequential_reduction"]}, False, "forbidden", {}, False),
+    ("tree_reduction", "row_sum", "tolerance", {}, True, "axis", {"axis": "order", "when": "inexact"}, True),
+    ("tree_reduction", "row_sum", "bitwise", {}, False, "axis", {"axis": "order", "value": "reference"}, False),
+    ("tree_reduction", "row_max", "bitwise", {}, True, "inexact_waived", {}, True),
+    ("split_reduction", "row_sum", "deterministic", {}, True, "property", {"property": "associative", "holds": "real"}, True),
+    ("split_reduction", "row_sum", "bitwise", {}, False, "axis", {"axis": "order"}, False),
+    ("atomics", "row_sum", "tolerance", {}, True, "axis", {"axis": "deterministic", "value": False}, True),
+    ("atomics", "row_sum", "deterministic", {}, False, "nondeterministic", {}, False),
+    ("online_softmax", "softmax", "deterministic", {}, True, "property", {"property": "online_decomposable"}, True),
+    ("online_softmax", "row_sum", "tolerance", {}, False, "property", {"property": "online_decomposable", "holds": "absent"}, False),
+    ("welford", "layernorm", "tolerance", {}, True, "property", {"property": "welford_decomposable"}, True),
+    ("welford", "layernorm", "bitwise", {}, False, "axis", {"axis": "order"}, False),
+    ("libdevice_math", "rmsnorm", "bitwise", {}, True, "inexact_waived", {}, True),   # sqrt and division are exact
+    ("libdevice_math", "softmax", "bitwise", {}, False, "property", {"subject": "function exp of softmax", "holds": "real"}, True),
+    ("fast_intrinsics", "softmax", "fast", {}, True, "error_bound", {"dtype": "float32"}, True),
+    ("fast_intrinsics", "softmax", "tolerance", {}, False, "axis", {"axis": "math", "value": "precise"}, False),
+    ("fast_intrinsics", "softmax", "fast", {"rtol": 1e-6}, False, "error_bound", {"dtype": "float32"}, False),
+    ("fma_contraction", "rmsnorm", "tolerance", {}, True, "axis", {"axis": "order", "when": "always"}, True),
+    ("fma_contraction", "rmsnorm", "bitwise", {}, False, "axis", {"axis": "order", "when": "always"}, False),
+    ("flush_to_zero", "softmax", "fast", {}, True, "axis", {"axis": "denormals", "value": "flush"}, True),
+    ("flush_to_zero", "softmax", "tolerance", {}, False, "axis", {"axis": "denormals", "value": "preserve"}, False),
+    ("vector_loads", "softmax", "bitwise", {}, True, "no_needs", {}, True),
+    ("vector_loads", "softmax", "bitwise", {"forbid": ["vector_loads"]}, False, "forbidden", {}, False),
+    ("fusion", "rmsnorm", "tolerance", {}, True, "axis", {"axis": "order"}, True),
+    ("fusion", "rmsnorm", "bitwise", {}, False, "axis", {"axis": "order"}, False),
+    ("rematerialisation", "layernorm", "bitwise", {}, True, "no_needs", {}, True),
+    ("rematerialisation", "layernorm", "bitwise", {"select": ["tree_reduction"]}, False, "not_selected", {}, False),
+    ("reduced_precision_operands", "matmul", "fast", {}, True, "error_bound", {"dtype": "float32", "added": 9.8e-4}, True),
+    ("reduced_precision_operands", "matmul", "tolerance", {}, False, "error_bound", {"dtype": "float32"}, False),
+    ("reduced_precision_operands", "matmul", "tolerance", {"dtype": "bfloat16"}, True, "error_bound", {"dtype": "bfloat16"}, True),
+    ("split_k", "matmul", "deterministic", {}, True, "property", {"property": "split_k_decomposable"}, True),
+    ("split_k", "matmul", "bitwise", {}, False, "axis", {"axis": "order"}, False),
+]
+
+
+@pytest.mark.parametrize("rule, op, preset, extra, legal, kind, fields, ok", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{'legal' if c[4] else 'illegal'}" for c in CASES])
+def test_rule_decision_and_the_facts_it_cites(shipped_ruleset, rule, op, preset, extra, legal, kind, fields, ok):
+    decision = rule_decision(shipped_ruleset, rule, op, preset, **extra)
+    assert decision.legal == legal
+    facts = cited(decision, kind, **fields)
+    assert facts, [f.as_record() for f in decision.facts]
+    assert all(f.ok == ok for f in facts)
+    assert all(f.text() for f in decision.facts)   # every fact renders
+
+
+def test_every_rule_has_a_legal_and_an_illegal_case(shipped_ruleset):
+    covered = {(c[0], c[4]) for c in CASES}
+    for rule in shipped_ruleset.rules:
+        assert (rule, True) in covered and (rule, False) in covered, rule
+
+
+def test_an_illegal_rule_says_which_axis_value_would_allow_it(shipped_ruleset):
+    assert rule_decision(shipped_ruleset, "tree_reduction", "row_sum", "bitwise").relax == (("order", "fixed"),)
+    assert ("deterministic", False) in rule_decision(shipped_ruleset, "atomics", "row_sum", "deterministic").relax
+
+
+def decide(rs, op, preset, dtype="float32", forbid=(), select=None, **axes):
+    choice = legality.RuleChoice(frozenset(forbid), None if select is None else frozenset(select))
+    return legality.decide(op, dtype, rs, preservation(rs, preset, **axes), choice)
+
+
+def test_bitwise_softmax_is_unreachable_and_the_hint_says_why(shipped_ruleset):
+    result = decide(shipped_ruleset, "softmax", "bitwise")
     assert result.legal_families() == []
-    assert "order = 'fixed'" in result.hint
-    assert "preset 'deterministic'" in result.hint     # the only preset with order = "fixed"
-    assert not result.rules["tree_reduction"].legal
-    assert ("order", "fixed") in result.rules["tree_reduction"].relax
+    assert "function exp of softmax is correctly_rounded in real arithmetic only" in result.hint
+    assert "expf has a maximum error of 2 ulp" in result.hint
+    assert "order = 'fixed'" in result.hint and "preset 'deterministic'" in result.hint
 
 
-def test_row_max_stays_legal_under_bitwise(shipped_ruleset):
-    result = decide(shipped_ruleset, "bitwise")["row_max"]
-    assert result.legal_families() == ["row_max_tree"]
-    assert result.hint is None
-    assert any("does not apply" in f for f in result.rules["tree_reduction"].facts)
+@pytest.mark.parametrize("op, families", [("row_max", ["row_max_tree"]), ("row_sum", ["row_sum_sequential"])])
+def test_bitwise_keeps_the_exact_and_the_sequential_families(shipped_ruleset, op, families):
+    result = decide(shipped_ruleset, op, "bitwise")
+    assert result.legal_families() == families and result.hint is None
 
 
 @pytest.mark.parametrize("preset", ["deterministic", "tolerance", "fast"])
 def test_every_family_is_legal_once_order_may_change(shipped_ruleset, preset):
-    for op, result in decide(shipped_ruleset, preset).items():
+    for op in ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]:
+        result = decide(shipped_ruleset, op, preset)
         assert sorted(result.legal_families()) == sorted(f.name for f in shipped_ruleset.families_of(op))
-        assert result.hint is None
 
 
-def test_forbidding_online_softmax(shipped_ruleset):
-    softmax = decide(shipped_ruleset, "tolerance", forbid=["online_softmax"])["softmax"]
-    assert softmax.legal_families() == ["softmax_twopass"]
-    assert not softmax.families["softmax_online"].legal
-    assert "rules.forbid" in softmax.rules["online_softmax"].facts[0]
+def test_a_family_cites_each_rule_it_uses(shipped_ruleset):
+    result = decide(shipped_ruleset, "softmax", "tolerance", forbid=["online_softmax"])
+    assert result.legal_families() == ["softmax_twopass"]
+    online = result.families["softmax_online"]
+    assert [(f["rule"], f.ok) for f in online.facts] == [("tree_reduction", True), ("online_softmax", False),
+                                                         ("libdevice_math", True)]
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-def test_fast_intrinsics_needs_approximate_math(shipped_ruleset, preset):
-    approximate = shipped_ruleset.presets[preset].axes["math"] == "approximate"
-    assert approximate == (preset == "fast")
-    softmax = decide(shipped_ruleset, preset)["softmax"]
-    assert softmax.rules["fast_intrinsics"].legal == approximate
-    # Overriding the axis alone decides it.
-    assert decide(shipped_ruleset, preset, math="approximate")["softmax"].rules["fast_intrinsics"].legal
-    assert not decide(shipped_ruleset, preset, math="precise")["softmax"].rules["fast_intrinsics"].legal
+def test_an_operator_without_a_family_is_explained(shipped_ruleset):
+    result = decide(shipped_ruleset, "gelu", "tolerance")
+    assert result.families == {} and "no kernel family implements gelu" in result.hint
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-def test_every_decision_carries_facts(shipped_ruleset, preset):
-    for choice in [{}, {"forbid": ["online_softmax", "welford"]}, {"select": ["tree_reduction"]}]:
-        for result in decide(shipped_ruleset, preset, **choice).values():
-            for decision in [*result.rules.values(), *result.families.values()]:
-                assert decision.facts and all(isinstance(f, str) and f for f in decision.facts)
+def test_a_selected_rule_the_preservation_level_rules_out_is_a_conflict(shipped_ruleset):
+    choice = legality.RuleChoice(frozenset(), frozenset({"fast_intrinsics", "tree_reduction"}))
+    conflicts = legality.selection_conflicts(shipped_ruleset, preservation(shipped_ruleset, "tolerance"), choice,
+                                             ["float32"])
+    assert len(conflicts) == 1 and "fast_intrinsics" in conflicts[0] and "math" in conflicts[0]
+    assert legality.selection_conflicts(shipped_ruleset, preservation(shipped_ruleset, "fast"), choice, ["float32"]) == []
 
 
-def test_select_restricts_the_rules(shipped_ruleset):
-    results = decide(shipped_ruleset, "fast", select=["tree_reduction"])
-    softmax = results["softmax"]
-    assert softmax.rules["tree_reduction"].legal
-    for rule in ["online_softmax", "vector_loads", "fast_intrinsics"]:
-        assert not softmax.rules[rule].legal
-        assert "rules.select" in softmax.rules[rule].facts[0]
-    assert softmax.legal_families() == ["softmax_twopass"]
-    assert results["layernorm"].legal_families() == ["layernorm_twopass"]
-
-
-def test_forbidding_the_tree_leaves_nothing_a_preset_could_fix(shipped_ruleset):
-    for op, result in decide(shipped_ruleset, "tolerance", forbid=["tree_reduction"]).items():
-        assert result.legal_families() == []
-        assert f"no family of {op} can be made legal by a preservation setting; unforbid" in result.hint
-
-
-def test_a_nondeterministic_rule_is_illegal_when_determinism_is_demanded(shipped_ruleset):
-    rs = shipped_ruleset
-    tree = dataclasses.replace(rs.rules["tree_reduction"], deterministic=False)
-    rs = dataclasses.replace(rs, rules={**rs.rules, "tree_reduction": tree})
-    strict = decide(rs, "deterministic")["row_max"]
-    assert not strict.rules["tree_reduction"].legal
-    assert ("deterministic", False) in strict.rules["tree_reduction"].relax
-    assert "deterministic = False" in strict.hint
-    assert decide(rs, "tolerance")["row_max"].rules["tree_reduction"].legal
-
-
-def test_a_missing_property_makes_a_rule_illegal(shipped_ruleset):
-    # welford needs welford_decomposable, which the atlas gives layernorm only.
-    rs = shipped_ruleset
-    decision = legality.decide_rule(rs.rules["welford"], rs.ops["rmsnorm"], rs,
-                                    legality.Preservation("fast", rs.presets["fast"].axes, {}),
-                                    legality.RuleChoice(frozenset(), None))
-    assert not decision.legal
-    assert "the atlas does not say it is" in decision.facts[0]
+def test_legality_depends_on_the_dtype_through_the_error_bound(shipped_ruleset):
+    f32 = rule_decision(shipped_ruleset, "reduced_precision_operands", "matmul", "tolerance", dtype="float32")
+    bf16 = rule_decision(shipped_ruleset, "reduced_precision_operands", "matmul", "tolerance", dtype="bfloat16")
+    assert not f32.legal and bf16.legal

@@ -28,7 +28,7 @@ def planned(repo, shipped_ruleset):
         facts = {f: target.fact(f) for f in plan.PLAN_FACTS}
         out = []
         for op, w in prof.workload.items():
-            legal = legality.decide(op, rs, prof.preservation, prof.choice)
+            legal = legality.decide_all(op, w.dtypes, rs, prof.preservation, prof.choice)
             out += plan.plan_op(op, legal, rs.families_of(op), w.dtypes, w.shapes, facts, prof.candidates_per_family)
         return out
     return candidates

@@ -68,8 +68,8 @@ def test_workload_entries_merge_per_operator(default_profile, edit, shipped_rule
 BAD = [
     ('preservation = "tolerance"\n', 'preservation = "tolerance"\ntargte = "h200"\n', "instance.targte", "a known key"),
     ('"softmax", "row_sum"', '"sofmax", "row_sum"', "workload[0].ops", "one of 'layernorm', 'rmsnorm'"),
-    ("forbid = []", 'forbid = ["tree_reductoin"]', "rules.forbid", "one of 'fast_intrinsics'"),
-    ("forbid = []", 'select = ["onlinesoftmax"]', "rules.select", "one of 'fast_intrinsics'"),
+    ("forbid = []", 'forbid = ["tree_reductoin"]', "rules.forbid", "one of 'atomics', 'fast_intrinsics'"),
+    ("forbid = []", 'select = ["onlinesoftmax"]', "rules.select", "one of 'atomics', 'fast_intrinsics'"),
     ("forbid = []", 'forbid = "welford"', "rules.forbid", "an array"),
     ('dtypes = ["float32", "bfloat16"]', 'dtypes = ["float32", "float16"]', "workload[0].dtypes",
      "one of 'bfloat16', 'float32'"),

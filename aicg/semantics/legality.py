@@ -1,13 +1,20 @@
 """The legality engine: which rules and families an operator may use under a
-preservation level, each answer with the chain of facts that decided it.
+preservation level, in one dtype, each answer with the facts that decided it.
 
-A rule is legal for an operator when
-  1. the profile does not forbid it (and selects it, if the profile selects),
-  2. the operator (or each of its reductions) has every property it needs,
-  3. the preservation axes allow what it `requires`, and, when a needed
-     property holds in real arithmetic only, what it needs `inexact`ly.
+A rule is legal for (operator, dtype) when
+  1. the profile does not forbid it (and selects it, if the profile selects);
+  2. the operator, or each reduction or function it uses (the rule's
+     `acts_on`), has every property the rule needs;
+  3. the preservation axes allow what the rule `requires`, and, when a needed
+     property holds in real arithmetic only, what it needs `inexact`ly;
+  4. the error it adds (`added_error`) fits the profile's rtol for the dtype;
+  5. it is deterministic, or the profile does not demand determinism.
 A family is legal when every rule it always uses is legal. When no family is
-legal the answer carries a hint: the axis values that would admit one.
+legal the answer carries a hint: what blocked each family, and the axis
+values that would admit one.
+
+Facts are structured (`kind`, `ok`, fields), so tests and tools compare the
+facts cited, and rendered to text for people by one table of templates.
 """
 from __future__ import annotations
 
@@ -15,15 +22,60 @@ from dataclasses import dataclass
 
 from .ruleset import OpSemantics, Rule, RuleSet
 
+TEXT = {
+    "forbidden": "the profile forbids {rule} (rules.forbid)",
+    "not_selected": "the profile selects only {selected} (rules.select), not {rule}",
+    "property": "{rule} needs {subject} to be {property}: {holds_text}",
+    "axis": "{rule} needs {axis} in {allowed}{why}; the profile has {value!r}",
+    "inexact_waived": "every property {rule} needs holds exactly, so its inexact-only constraints do not apply",
+    "error_bound": "{rule} adds up to {added:.3g} relative error in {dtype}; the profile allows rtol {rtol:.3g}",
+    "nondeterministic": "{rule} is not deterministic; the profile demands determinism",
+    "no_needs": "{rule} needs no property and no preservation permission",
+    "uses": "{family} uses {rule}, which is {legal_text}",
+    "no_family": "no kernel family implements {op} yet",
+}
+
+
+@dataclass(frozen=True)
+class Fact:
+    kind: str
+    ok: bool
+    fields: tuple[tuple[str, object], ...]
+
+    @classmethod
+    def of(cls, kind: str, ok: bool, **fields) -> "Fact":
+        return cls(kind, ok, tuple(sorted(fields.items())))
+
+    def __getitem__(self, key: str):
+        return dict(self.fields)[key]
+
+    def text(self) -> str:
+        f = dict(self.fields)
+        holds = {"exact": "holds exactly in floating point", "real": "holds in real arithmetic only",
+                 "absent": "the atlas does not say it holds"}
+        f.setdefault("holds_text", holds.get(f.get("holds"), "") + (f" ({f['ref']})" if f.get("ref") else ""))
+        f.setdefault("why", " when a property holds in real arithmetic only" if f.get("when") == "inexact" else "")
+        f.setdefault("legal_text", "legal" if f.get("legal") else "not legal here")
+        if "allowed" in f:
+            f["allowed"] = "(" + ", ".join(map(repr, f["allowed"])) + ")"
+        return TEXT[self.kind].format(**f)
+
+    def as_record(self) -> dict:
+        return {"kind": self.kind, "ok": self.ok, **{k: list(v) if isinstance(v, tuple) else v for k, v in self.fields},
+                "text": self.text()}
+
 
 @dataclass(frozen=True)
 class Decision:
     legal: bool
-    facts: tuple[str, ...]
+    facts: tuple[Fact, ...]
     relax: tuple[tuple[str, object], ...] = ()   # axis values that would make it legal
 
+    def blocking(self) -> list[Fact]:
+        return [f for f in self.facts if not f.ok]
+
     def as_record(self) -> dict:
-        return {"legal": self.legal, "facts": list(self.facts)}
+        return {"legal": self.legal, "facts": [f.as_record() for f in self.facts]}
 
 
 @dataclass(frozen=True)
@@ -45,59 +97,60 @@ class RuleChoice:
     select: frozenset[str] | None
 
 
-def _needed_properties(rule: Rule, op: OpSemantics, ruleset: RuleSet):
-    """(subject, property name, Property or None) for each property the rule needs of this op."""
+def _subjects(rule: Rule, op: OpSemantics, ruleset: RuleSet) -> list[tuple[str, dict]]:
+    """(name, properties) of what the rule acts on for this operator."""
     if rule.acts_on == "op":
-        return [(f"operator {op.name}", p, op.properties.get(p)) for p in rule.needs]
-    return [(f"reduction {r} of {op.name}", p, ruleset.reductions[r].properties.get(p))
-            for r in op.reductions for p in rule.needs]
+        return [(f"operator {op.name}", op.properties)]
+    if rule.acts_on == "reductions":
+        return [(f"reduction {r} of {op.name}", ruleset.reductions[r].properties) for r in op.reductions]
+    return [(f"function {fn} of {op.name}", ruleset.functions[fn].properties) for fn in op.functions]
 
 
-def _check_axes(constraints: dict[str, tuple], axes: dict[str, object], why: str, facts: list, relax: list) -> bool:
-    ok = True
-    for axis, allowed in constraints.items():
-        value = axes[axis]
-        allowed_text = ", ".join(map(repr, allowed))
-        if value in allowed:
-            facts.append(f"{why} needs {axis} in ({allowed_text}); the profile has {value!r}: allowed")
-        else:
-            facts.append(f"{why} needs {axis} in ({allowed_text}); the profile has {value!r}: not allowed")
-            relax.append((axis, allowed[0]))
-            ok = False
-    return ok
+def _axis_facts(rule: Rule, constraints: dict, axes: dict, when: str) -> list[Fact]:
+    return [Fact.of("axis", axes[axis] in allowed, rule=rule.name, axis=axis, allowed=tuple(allowed),
+                    value=axes[axis], when=when)
+            for axis, allowed in constraints.items()]
 
 
-def decide_rule(rule: Rule, op: OpSemantics, ruleset: RuleSet, pres: Preservation, choice: RuleChoice) -> Decision:
-    facts: list[str] = []
-    relax: list[tuple[str, object]] = []
+def decide_rule(rule: Rule, op: OpSemantics, dtype: str, ruleset: RuleSet, pres: Preservation,
+                choice: RuleChoice) -> Decision:
     if rule.name in choice.forbid:
-        return Decision(False, (f"the profile forbids rule {rule.name} (rules.forbid)",))
+        return Decision(False, (Fact.of("forbidden", False, rule=rule.name),))
     if choice.select is not None and rule.name not in choice.select:
-        return Decision(False, (f"the profile selects rules {sorted(choice.select)} (rules.select), not {rule.name}",))
+        return Decision(False, (Fact.of("not_selected", False, rule=rule.name, selected=tuple(sorted(choice.select))),))
 
+    facts: list[Fact] = []
     inexact = False
-    for subject, name, prop in _needed_properties(rule, op, ruleset):
-        if prop is None:
-            return Decision(False, (f"{rule.name} needs {subject} to be {name}; the atlas does not say it is",))
-        facts.append(f"{rule.name} needs {subject} to be {name}: holds {'exactly in floating point' if prop.holds == 'exact' else 'in real arithmetic only'} ({prop.ref})")
-        inexact |= prop.holds == "real"
-    ok = _check_axes(rule.requires, pres.axes, rule.name, facts, relax)
+    for subject, properties in _subjects(rule, op, ruleset):
+        for name in rule.needs:
+            prop = properties.get(name)
+            holds = prop.holds if prop else "absent"
+            facts.append(Fact.of("property", prop is not None, rule=rule.name, subject=subject, property=name,
+                                 holds=holds, ref=prop.ref if prop else ""))
+            inexact |= holds == "real"
+    facts += _axis_facts(rule, rule.requires, pres.axes, "always")
     if inexact:
-        ok &= _check_axes(rule.inexact, pres.axes, f"using a real-only property, {rule.name}", facts, relax)
-    elif rule.inexact:
-        facts.append(f"every property {rule.name} needs holds exactly, so its order constraint does not apply")
+        facts += _axis_facts(rule, rule.inexact, pres.axes, "inexact")
+    elif rule.inexact and rule.needs:
+        facts.append(Fact.of("inexact_waived", True, rule=rule.name))
+    if dtype in rule.added_error:
+        rtol = pres.tolerance[dtype][0]
+        facts.append(Fact.of("error_bound", rule.added_error[dtype] <= rtol, rule=rule.name, dtype=dtype,
+                             added=rule.added_error[dtype], rtol=rtol))
+    if not rule.deterministic and pres.axes["deterministic"]:
+        facts.append(Fact.of("nondeterministic", False, rule=rule.name))
     if not facts:
-        facts.append(f"{rule.name} needs no property of {op.name} and no preservation permission")
-    if not rule.deterministic and pres.axes.get("deterministic"):
-        facts.append(f"{rule.name} is not deterministic; the profile demands determinism")
-        relax.append(("deterministic", False))
-        ok = False
-    return Decision(ok, tuple(facts), tuple(relax))
+        facts.append(Fact.of("no_needs", True, rule=rule.name))
+
+    relax = [(f["axis"], f["allowed"][0]) for f in facts if f.kind == "axis" and not f.ok]
+    relax += [("deterministic", False)] * any(f.kind == "nondeterministic" for f in facts)
+    return Decision(all(f.ok for f in facts), tuple(facts), tuple(relax))
 
 
 @dataclass(frozen=True)
 class Legality:
     op: str
+    dtype: str
     rules: dict[str, Decision]
     families: dict[str, Decision]
     hint: str | None
@@ -106,37 +159,70 @@ class Legality:
         return [name for name, d in self.families.items() if d.legal]
 
     def as_record(self) -> dict:
-        return {"op": self.op,
+        return {"op": self.op, "dtype": self.dtype,
                 "rules": {n: d.as_record() for n, d in sorted(self.rules.items())},
                 "families": {n: d.as_record() for n, d in sorted(self.families.items())},
                 "legal_families": self.legal_families(), "hint": self.hint}
 
 
-def _hint(op: str, rules: dict[str, Decision], families: list, ruleset: RuleSet, pres: Preservation) -> str:
-    changes = {}
+def _reason(rule: str, decision: Decision) -> str:
+    """Why a rule is illegal, in one sentence that names the facts behind the constraint."""
+    parts = []
+    for fact in decision.blocking():
+        if fact.kind == "axis" and fact["when"] == "inexact":
+            real = [f for f in decision.facts if f.kind == "property" and f["holds"] == "real"]
+            why = ", ".join(f"{f['subject']} is {f['property']} in real arithmetic only ({f['ref']})" for f in real)
+            parts.append(f"{why}, so it needs {fact['axis']} in {fact['allowed']}, not {fact['value']!r}")
+        else:
+            parts.append(fact.text())
+    return f"{rule}: " + "; ".join(parts) + "."
+
+
+def _hint(op: str, dtype: str, rules: dict[str, Decision], families: list, ruleset: RuleSet) -> str:
+    if not families:
+        return f"no kernel family implements {op} yet: add one to rulesets/families.toml with its template in kernels/"
+    reasons: dict[str, None] = {}
+    changes: dict[str, object] = {}
     for family in families:
         for rule in family.rules:
+            if not rules[rule].legal:
+                reasons.setdefault(_reason(rule, rules[rule]), None)
             changes.update(dict(rules[rule].relax))
-    if not changes:
-        return f"no family of {op} can be made legal by a preservation setting; unforbid its rules or add a family"
-    presets = [p.name for p in ruleset.presets.values() if all(p.axes[a] == v for a, v in changes.items())]
-    text = "set " + ", ".join(f"{a} = {v!r}" for a, v in sorted(changes.items()))
-    if presets:
-        text += f" (as preset {presets[0]!r} does)"
-    return f"no legal family for {op}; {text} to allow: " + ", ".join(f.name for f in families)
+    text = f"no legal family for {op} in {dtype}. " + " ".join(reasons).rstrip(".")
+    if changes:
+        presets = [p.name for p in ruleset.presets.values() if all(p.axes[a] == v for a, v in changes.items())]
+        text += ". Set " + ", ".join(f"{a} = {v!r}" for a, v in sorted(changes.items()))
+        text += f" (as preset {presets[0]!r} does)" if presets else ""
+        text += " to allow " + ", ".join(f.name for f in families)
+    return text
 
 
-def decide(op_name: str, ruleset: RuleSet, pres: Preservation, choice: RuleChoice) -> Legality:
+def decide(op_name: str, dtype: str, ruleset: RuleSet, pres: Preservation, choice: RuleChoice) -> Legality:
     op = ruleset.ops[op_name]
     families = ruleset.families_of(op_name)
     used = sorted({r for f in families for r in f.rules} | {p.rule for f in families for p in f.param_rules})
-    rules = {r: decide_rule(ruleset.rules[r], op, ruleset, pres, choice) for r in used}
-    fams = {}
-    for family in families:
-        blocked = [r for r in family.rules if not rules[r].legal]
-        if blocked:
-            fams[family.name] = Decision(False, tuple(f"uses {r}, which is not legal here" for r in blocked))
-        else:
-            fams[family.name] = Decision(True, tuple(f"uses {r}: legal" for r in family.rules))
-    hint = None if any(d.legal for d in fams.values()) else _hint(op_name, rules, families, ruleset, pres)
-    return Legality(op_name, rules, fams, hint)
+    rules = {r: decide_rule(ruleset.rules[r], op, dtype, ruleset, pres, choice) for r in used}
+    fams = {f.name: Decision(all(rules[r].legal for r in f.rules),
+                             tuple(Fact.of("uses", rules[r].legal, family=f.name, rule=r, legal=rules[r].legal)
+                                   for r in f.rules))
+            for f in families}
+    hint = None if any(d.legal for d in fams.values()) else _hint(op_name, dtype, rules, families, ruleset)
+    return Legality(op_name, dtype, rules, fams, hint)
+
+
+def selection_conflicts(ruleset: RuleSet, pres: Preservation, choice: RuleChoice, dtypes) -> list[str]:
+    """Selected rules that the preservation level itself rules out (whatever the operator)."""
+    conflicts = []
+    for name in sorted(choice.select or ()):
+        rule = ruleset.rules[name]
+        facts = _axis_facts(rule, rule.requires, pres.axes, "always")
+        facts += [Fact.of("error_bound", rule.added_error[d] <= pres.tolerance[d][0], rule=name, dtype=d,
+                          added=rule.added_error[d], rtol=pres.tolerance[d][0]) for d in dtypes if d in rule.added_error]
+        if not rule.deterministic and pres.axes["deterministic"]:
+            facts.append(Fact.of("nondeterministic", False, rule=name))
+        conflicts += [f"rules.select names {name}, but {f.text()}" for f in facts if not f.ok]
+    return conflicts
+
+
+def decide_all(op_name: str, dtypes, ruleset: RuleSet, pres: Preservation, choice: RuleChoice) -> dict[str, Legality]:
+    return {d: decide(op_name, d, ruleset, pres, choice) for d in dtypes}

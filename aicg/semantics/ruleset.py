@@ -16,7 +16,7 @@ from .. import tomlfile
 HOLDS = {"real", "exact"}
 # Every family template takes these parameters: (type, allowed values or None).
 PARAM_TYPES = {"threads": (int, None), "vec_bytes": (int, None),
-               "topology": (str, {"warp", "block"}), "fast_exp": (bool, None)}
+               "topology": (str, {"warp", "block", "thread"}), "fast_exp": (bool, None)}
 TEMPLATE_PARAMS = tuple(PARAM_TYPES)
 PARAM_PREDICATES = {"wider_than_element", "true"}
 
@@ -37,11 +37,25 @@ class Reduction:
 
 
 @dataclass(frozen=True)
+class Function:
+    name: str
+    form: str
+    properties: dict[str, Property]
+
+
+@dataclass(frozen=True)
 class OpSemantics:
     name: str
     form: str
     reductions: tuple[str, ...]
+    functions: tuple[str, ...]
     properties: dict[str, Property]
+
+    def as_record(self, ruleset: "RuleSet") -> dict:
+        props = lambda ps: {n: {"holds": p.holds, "ref": p.ref} for n, p in sorted(ps.items())}
+        return {"form": self.form, "properties": props(self.properties),
+                "reductions": {r: props(ruleset.reductions[r].properties) for r in self.reductions},
+                "functions": {f: props(ruleset.functions[f].properties) for f in self.functions}}
 
 
 @dataclass(frozen=True)
@@ -63,11 +77,12 @@ class Preset:
 class Rule:
     name: str
     summary: str
-    acts_on: str                                 # "reductions" or "op"
+    acts_on: str                                 # "op", "reductions" or "functions"
     needs: tuple[str, ...]
     requires: dict[str, tuple]                   # axis -> allowed values, always
     inexact: dict[str, tuple]                    # axis -> allowed values if a need holds only in reals
     deterministic: bool
+    added_error: dict[str, float]                # dtype -> worst added relative error
     error: str
     ref: str
 
@@ -75,7 +90,8 @@ class Rule:
         return {"summary": self.summary, "acts_on": self.acts_on, "needs": list(self.needs),
                 "requires": {k: list(v) for k, v in self.requires.items()},
                 "inexact": {k: list(v) for k, v in self.inexact.items()},
-                "deterministic": self.deterministic, "error": self.error, "ref": self.ref}
+                "deterministic": self.deterministic, "added_error": dict(self.added_error),
+                "error": self.error, "ref": self.ref}
 
 
 @dataclass(frozen=True)
@@ -107,6 +123,7 @@ class Family:
 @dataclass(frozen=True)
 class RuleSet:
     reductions: dict[str, Reduction]
+    functions: dict[str, Function]
     ops: dict[str, OpSemantics]
     axes: dict[str, Axis]
     presets: dict[str, Preset]
@@ -132,13 +149,18 @@ def _load_atlas(path: Path):
     for name, t in doc.table("reductions").tables():
         reductions[name] = Reduction(name, t.get("form", str), t.get("identity", str), _properties(t))
         t.done()
+    functions = {}
+    for name, t in doc.table("functions", default={}).tables():
+        functions[name] = Function(name, t.get("form", str), _properties(t))
+        t.done()
     ops = {}
     for name, t in doc.table("ops").tables():
         reds = t.get("reductions", list, default=[], item=str, choices=set(reductions))
-        ops[name] = OpSemantics(name, t.get("form", str), tuple(reds), _properties(t))
+        fns = t.get("functions", list, default=[], item=str, choices=set(functions))
+        ops[name] = OpSemantics(name, t.get("form", str), tuple(reds), tuple(fns), _properties(t))
         t.done()
     doc.done()
-    return reductions, ops
+    return reductions, functions, ops
 
 
 def _load_preservation(path: Path):
@@ -187,15 +209,25 @@ def _constraints(table: tomlfile.Table, key: str, axes: dict[str, Axis]) -> dict
     return out
 
 
+def _added_error(t: tomlfile.Table) -> dict[str, float]:
+    sub = t.table("added_error", default={})
+    bounds = {dtype: sub.get(dtype, float) for dtype in sub.keys()}
+    for dtype, bound in bounds.items():
+        if bound < 0:
+            raise sub.error(dtype, "a relative error >= 0", bound)
+    sub.done()
+    return bounds
+
+
 def _load_rules(path: Path, axes: dict[str, Axis]) -> dict[str, Rule]:
     doc = tomlfile.read(path)
     doc.get("schema", int, choices={1})
     rules = {}
     for name, t in doc.table("rules").tables():
         rules[name] = Rule(
-            name, t.get("summary", str), t.get("acts_on", str, choices={"reductions", "op"}),
+            name, t.get("summary", str), t.get("acts_on", str, choices={"op", "reductions", "functions"}),
             tuple(t.get("needs", list, item=str)), _constraints(t, "requires", axes),
-            _constraints(t, "inexact", axes), t.get("deterministic", bool),
+            _constraints(t, "inexact", axes), t.get("deterministic", bool), _added_error(t),
             t.get("error", str), t.get("ref", str))
         t.done()
     doc.done()
@@ -248,10 +280,29 @@ def _load_families(path: Path, ops: dict[str, OpSemantics], rules: dict[str, Rul
     return families
 
 
+def _check_families(path: Path, families: dict[str, Family], rules: dict[str, Rule], ops, reductions, functions):
+    """A family whose own rules need a property its operator lacks could never be legal: say so."""
+    doc = tomlfile.Table(path, {}, "")
+    for family in families.values():
+        op = ops[family.op]
+        subjects = {"op": [(f"operator {op.name}", op.properties)],
+                    "reductions": [(f"reduction {r}", reductions[r].properties) for r in op.reductions],
+                    "functions": [(f"function {f}", functions[f].properties) for f in op.functions]}
+        for rule_name in family.rules:
+            rule = rules[rule_name]
+            for subject, properties in subjects[rule.acts_on]:
+                missing = [p for p in rule.needs if p not in properties]
+                if missing:
+                    raise doc.error(f"families.{family.name}.rules",
+                                    f"rules whose needs {op.name} meets; {rule_name} needs {subject} to be "
+                                    f"{missing[0]}, which atlas.toml does not state")
+
+
 def load(rules_dir: Path) -> RuleSet:
     rules_dir = Path(rules_dir)
-    reductions, ops = _load_atlas(rules_dir / "atlas.toml")
+    reductions, functions, ops = _load_atlas(rules_dir / "atlas.toml")
     axes, presets = _load_preservation(rules_dir / "preservation.toml")
     rules = _load_rules(rules_dir / "rules.toml", axes)
     families = _load_families(rules_dir / "families.toml", ops, rules)
-    return RuleSet(reductions, ops, axes, presets, rules, families)
+    _check_families(rules_dir / "families.toml", families, rules, ops, reductions, functions)
+    return RuleSet(reductions, functions, ops, axes, presets, rules, families)

@@ -50,7 +50,7 @@ def _action(step: steps.Step, env: steps.Env):
     try:
         return {"origin": steps.execute(step, env)}
     except (InputError, CompileError, InputChanged, DeviceError) as err:
-        return TaskFailed(f"{step.name}: {err}")
+        return TaskFailed(str(err))
 
 
 def _task(step: steps.Step, env: steps.Env) -> dict:
@@ -98,8 +98,12 @@ class BuildReporter(ConsoleReporter):
         if task.actions:
             self.fresh.append(task.name)
 
+    def _write_failure(self, result, write_exception=True):
+        self.write(f"FAILED {result['task'].name}: {result['exception'].get_msg().strip()}\n")
+
     def complete_run(self):
-        super().complete_run()
+        if self.runtime_errors:
+            self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
         ran, cached = self.origins["ran"], self.origins["cache"]
         if not (ran or cached or self.failures):
             if self.fresh:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import cas, codegen, digest, hw, nvrtc, plan, profile, toolchain
-from ..errors import CompileError, InputChanged
+from ..errors import CompileError, InputChanged, InputError
 from ..semantics import legality as legality_engine
 from ..semantics import ruleset as ruleset_loader
 from .step import Env, Result, Step
@@ -42,7 +42,7 @@ class Layout:
 
 
 AWKWARD_SHAPES = ((3, 1), (5, 7), (37, 1000), (9, 4097))  # sizes off every block and vector width
-VALIDATION_PROTOCOL = 1
+VALIDATION_PROTOCOL = 2
 
 
 @dataclass
@@ -64,21 +64,30 @@ def _hw_step(hardware: hw.Hardware) -> Step:
                 lambda ctx: Result({out: to_json(record)}), ("hw.py", "tasks/graph.py"), targets=(out,))
 
 
-def _legality_step(op: str, rules, prof, decided) -> Step:
-    op_sem = rules.ops[op]
+def _legality_step(op: str, rules, prof, decided: dict) -> Step:
+    """decided: dtype -> Legality. The step fails, with the reasons, when the
+    profile asks for something its own rules make impossible."""
     fams = rules.families_of(op)
     used = sorted({r for f in fams for r in f.rules} | {p.rule for f in fams for p in f.param_rules})
-    reads = {"op": {"form": op_sem.form, "reductions": {r: {p: vars(v) for p, v in rules.reductions[r].properties.items()}
-                                                          for r in op_sem.reductions},
-                    "properties": {p: vars(v) for p, v in op_sem.properties.items()}},
+    dtypes = list(prof.workload[op].dtypes)
+    reads = {"op": rules.ops[op].as_record(rules),
              "rules": {r: rules.rules[r].as_record() for r in used},
              "families": {f.name: f.as_record() for f in fams},
-             "preservation": prof.preservation.as_record(),
+             "preservation": prof.preservation.as_record(), "dtypes": dtypes,
              "forbid": sorted(prof.choice.forbid),
              "select": sorted(prof.choice.select) if prof.choice.select is not None else None}
     out = f"legality/{op}.json"
-    return Step(f"legality:{op}", f"decide which rules and families {op} may use, and why", reads,
-                lambda ctx: Result({out: to_json(decided.as_record())}),
+
+    def run(ctx) -> Result:
+        for conflict in legality_engine.selection_conflicts(rules, prof.preservation, prof.choice, dtypes):
+            raise InputError(prof.path, "rules.select", f"rules that the preservation level allows; {conflict}")
+        for dtype, legality in decided.items():
+            if legality.hint:
+                raise InputError(prof.path, "workload",
+                                 f"operators and dtypes that have a legal family; {legality.hint}")
+        return Result({out: to_json({d: l.as_record() for d, l in decided.items()})})
+
+    return Step(f"legality:{op}", f"decide which rules and families {op} may use, and why", reads, run,
                 ("semantics/legality.py", "semantics/ruleset.py", "tasks/graph.py"), targets=(out,))
 
 
@@ -129,6 +138,7 @@ def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shap
              "dtype": cand.dtype, "params": cand.params,
              "tolerance": list(prof.preservation.tolerance[cand.dtype]),
              "deterministic": prof.preservation.axes["deterministic"],
+             "bitwise": prof.preservation.axes["order"] == "reference",
              "check_shapes": [list(s) for s in AWKWARD_SHAPES + timed_shapes],
              "timed_shapes": [list(s) for s in timed_shapes], "trials": prof.validation_trials,
              "repetitions": prof.timing_repetitions}
@@ -139,6 +149,7 @@ def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shap
         outcome = validate.validate_on_device(binary, hardware, cand.op, cand.dtype, cand.params,
                                               tolerance=prof.preservation.tolerance[cand.dtype],
                                               deterministic=prof.preservation.axes["deterministic"],
+                                              bitwise=prof.preservation.axes["order"] == "reference",
                                               check_shapes=AWKWARD_SHAPES + timed_shapes,
                                               timed_shapes=timed_shapes, trials=prof.validation_trials,
                                               repetitions=prof.timing_repetitions)
@@ -172,7 +183,7 @@ def load_instance(layout: Layout, profile_path: Path, cache_dir: Path, build_dir
     steps = [_hw_step(hardware)]
     planned = {}
     for op, work in prof.workload.items():
-        decided = legality_engine.decide(op, rules, prof.preservation, prof.choice)
+        decided = legality_engine.decide_all(op, work.dtypes, rules, prof.preservation, prof.choice)
         candidates = plan.plan_op(op, decided, rules.families_of(op), work.dtypes, work.shapes, hw_facts,
                                   prof.candidates_per_family)
         planned[op] = (decided, candidates)

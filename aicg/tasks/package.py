@@ -47,7 +47,7 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict) -> dict:
 
 
 def package_step(prof, hardware, planned: dict) -> Step:
-    """planned: op -> (Legality, [Candidate])."""
+    """planned: op -> ({dtype: Legality}, [Candidate])."""
     all_candidates = [c for _, cands in planned.values() for c in cands]
     upstream = (f"hw:{hardware.target}", *(f"legality:{op}" for op in planned), *(f"plan:{op}" for op in planned),
                 *(f"select:{op}" for op in planned), *(f"compile:{c.id}" for c in all_candidates))
@@ -58,10 +58,11 @@ def package_step(prof, hardware, planned: dict) -> Step:
     def run(ctx) -> Result:
         outputs: dict[str, bytes] = {}
         kernels, unavailable = {}, {}
-        for op, (legality, cands) in planned.items():
+        for op, (legalities, cands) in planned.items():
             by_id = {c.id: c for c in cands}
             selection = json.loads(ctx.upstream(f"select:{op}", f"select/{op}.json"))
             for dtype in prof.workload[op].dtypes:
+                legality = legalities[dtype]
                 pick = selection["dtypes"][dtype]
                 name = f"{op}.{dtype}"
                 if pick["chosen"] is None:
@@ -81,8 +82,8 @@ def package_step(prof, hardware, planned: dict) -> Step:
                     "validation": pick["status"], "basis": pick["basis"],
                     "measured_seconds": row["measured_seconds"], "predicted_seconds": row["predicted_seconds"],
                     "legal_families": legality.legal_families(),
-                    "why": {"family": list(legality.families[cand.family].facts),
-                            "rules": {r: list(legality.rules[r].facts) for r in cand.rules}},
+                    "why": {"family": legality.families[cand.family].as_record()["facts"],
+                            "rules": {r: legality.rules[r].as_record()["facts"] for r in cand.rules}},
                     "considered": len(pick["candidates"]),
                 }
         manifest = {"schema": 1, **reads, "kernels": kernels, "unavailable": unavailable,

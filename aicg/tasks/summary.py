@@ -48,8 +48,8 @@ def report(manifest: dict) -> str:
              "```", table(manifest).rstrip(), "```", ""]
     for name, k in sorted(manifest["kernels"].items()):
         lines += [f"## {name}: {k['candidate']}", "", f"Chosen: {k['basis']}.", "", "Why this family is legal:"]
-        lines += [f"- {fact}" for fact in k["why"]["family"]]
+        lines += [f"- {fact['text']}" for fact in k["why"]["family"]]
         for rule, facts in sorted(k["why"]["rules"].items()):
-            lines += [f"- rule {rule}:"] + [f"  - {fact}" for fact in facts]
+            lines += [f"- rule {rule}:"] + [f"  - {fact['text']}" for fact in facts]
         lines.append("")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ def local_device_state():
 
 
 def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, params: dict, *,
-                       tolerance, deterministic: bool, check_shapes, timed_shapes, trials: int,
+                       tolerance, deterministic: bool, bitwise: bool, check_shapes, timed_shapes, trials: int,
                        repetitions: int) -> dict:
     dev = driver.probe_device()
     if dev is None:
@@ -27,6 +27,6 @@ def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, pa
                 "reason": f"this machine's GPU is {dev.name} (sm_{dev.compute_capability[0]}{dev.compute_capability[1]}), "
                           f"not the target {hardware.name}"}
     from . import check
-    return check.run(cubin, op, dtype, params, tolerance=tolerance, deterministic=deterministic,
+    return check.run(cubin, op, dtype, params, tolerance=tolerance, deterministic=deterministic, bitwise=bitwise,
                      check_shapes=check_shapes, timed_shapes=timed_shapes, trials=trials,
                      repetitions=repetitions, device=dev)
