@@ -20,12 +20,17 @@ from pathlib import Path
 from . import digest
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write a file so that readers see the old content or the new, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)   # mkstemp makes 0600; a shared store must stay readable
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

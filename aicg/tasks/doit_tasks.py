@@ -15,7 +15,10 @@ from doit import get_var
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
+from .. import cas
+from ..dtypes import DTYPES
 from ..errors import CompileError, DeviceError, InputChanged, InputError
+from ..semantics import explain, explore, legality
 from . import graph, step as steps, summary
 
 DEFAULT_PROFILE = "rulesets/profiles/default.toml"
@@ -75,6 +78,40 @@ def task_instance():
         yield _task(step, instance.env)
     yield {"basename": "build", "doc": f"build compiler instance {instance.name} into build/{instance.name}/ (default)",
            "actions": None, "task_dep": ["package"]}
+    yield {"basename": "explain", "doc": "print why rules and families are legal or not: doit explain [op=..] [dtype=..] [profile=..]",
+           "actions": [(_explain, [instance])], "uptodate": [False], "verbosity": 2}
+    rule_files = sorted(str(p) for p in instance.layout.rules.glob("*.toml"))
+    yield {"basename": "explore", "doc": f"write the operator explorer page to {EXPLORER}",
+           "actions": [(_explore, [instance])], "file_dep": rule_files, "targets": [EXPLORER], "clean": True,
+           "verbosity": 2}
+
+
+EXPLORER = "build/explore/index.html"
+REPORTS = {"explain", "explore"}
+
+
+def _explain(instance: graph.Instance):
+    rules, prof = instance.ruleset, instance.profile
+    op_names = [get_var("op")] if get_var("op") else list(prof.workload)
+    for name in op_names:
+        if name not in rules.ops:
+            return TaskFailed(f"op={name}: expected an operator of the atlas (one of: {', '.join(rules.ops)})")
+    manifest_path = instance.env.instance_dir / "manifest.json"
+    kernels = json.loads(manifest_path.read_text())["kernels"] if manifest_path.exists() else {}
+    for name in op_names:
+        in_workload = prof.workload[name].dtypes if name in prof.workload else ("float32",)
+        dtypes = [get_var("dtype")] if get_var("dtype") else list(in_workload)
+        for dtype in dtypes:
+            if dtype not in DTYPES or dtype not in prof.preservation.tolerance:
+                return TaskFailed(f"dtype={dtype}: expected one of {', '.join(DTYPES)}")
+        decided = legality.decide_all(name, dtypes, rules, prof.preservation, prof.choice)
+        chosen = {d: kernels.get(f"{name}.{d}") for d in dtypes}
+        print(explain.explain(decided, rules, prof.preservation, chosen))
+
+
+def _explore(instance: graph.Instance):
+    cas.write_atomic(Path(EXPLORER), explore.page(instance.ruleset).encode())
+    print(f"wrote {EXPLORER}")
 
 
 class BuildReporter(ConsoleReporter):
@@ -86,16 +123,16 @@ class BuildReporter(ConsoleReporter):
         self.fresh: list[str] = []
 
     def execute_task(self, task):
-        if task.actions:
+        if task.actions and task.name not in REPORTS:
             self.write(f". {task.name}\n")
             self.outstream.flush()
 
     def add_success(self, task):
-        if task.actions:
+        if task.actions and task.name not in REPORTS:
             self.origins[task.values.get("origin", "ran")].append(task.name)
 
     def skip_uptodate(self, task):
-        if task.actions:
+        if task.actions and task.name not in REPORTS:
             self.fresh.append(task.name)
 
     def _write_failure(self, result, write_exception=True):
@@ -105,6 +142,8 @@ class BuildReporter(ConsoleReporter):
         if self.runtime_errors:
             self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
         ran, cached = self.origins["ran"], self.origins["cache"]
+        if not (ran or cached or self.failures or self.fresh):
+            return
         if not (ran or cached or self.failures):
             if self.fresh:
                 self.write(f"aicg: nothing to do, all {len(self.fresh)} tasks are up to date\n")

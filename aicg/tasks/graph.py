@@ -47,6 +47,8 @@ VALIDATION_PROTOCOL = 2
 
 @dataclass
 class Instance:
+    ruleset: ruleset_loader.RuleSet
+    layout: Layout
     profile: profile.Profile
     hardware: hw.Hardware
     steps: list[Step]
@@ -194,4 +196,4 @@ def load_instance(layout: Layout, profile_path: Path, cache_dir: Path, build_dir
                       _validate_step(cand, hardware, prof, work.shapes)]
         steps.append(_select_step(op, work, candidates))
     steps.append(packaging.package_step(prof, hardware, planned))
-    return Instance(prof, hardware, steps, env)
+    return Instance(rules, layout, prof, hardware, steps, env)

@@ -1,0 +1,96 @@
+"""`doit explore`: one static HTML page of every operator, its properties and
+its legality under each preset, linked to the rules. No server needed."""
+from __future__ import annotations
+
+from html import escape
+
+from .legality import Preservation, RuleChoice, decide
+
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 75em; color: #222; }
+h1, h2, h3 { font-weight: 600; } code { background: #f3f3f3; padding: 0 .25em; }
+table { border-collapse: collapse; margin: .5em 0 1.2em; } td, th { border: 1px solid #ccc; padding: .25em .5em; vertical-align: top; }
+th { background: #f5f5f5; text-align: left; } .yes { background: #e6f4e6; } .no { background: #fbe9e9; }
+.real { color: #a35c00; } .exact { color: #276b27; } nav a { margin-right: .8em; } small { color: #666; }
+"""
+DTYPES = ("float32", "bfloat16")
+
+
+def _properties(props: dict) -> str:
+    if not props:
+        return "<p><small>no properties recorded</small></p>"
+    rows = "".join(f"<tr><td><code>{escape(n)}</code></td><td class='{p.holds}'>{'exactly in floating point' if p.holds == 'exact' else 'in real arithmetic only'}</td>"
+                   f"<td><small>{escape(p.ref)}</small></td></tr>" for n, p in sorted(props.items()))
+    return f"<table><tr><th>property</th><th>holds</th><th>reference</th></tr>{rows}</table>"
+
+
+def _rule_link(name: str) -> str:
+    return f"<a href='#rule-{escape(name)}'><code>{escape(name)}</code></a>"
+
+
+def _legality_table(op: str, ruleset) -> str:
+    families = ruleset.families_of(op)
+    if not families:
+        return "<p><small>No kernel family implements this operator yet.</small></p>"
+    head = "".join(f"<th>{escape(p)}<br><small>{d}</small></th>" for p in ruleset.presets for d in DTYPES)
+    rows = ""
+    for family in families:
+        cells = ""
+        for preset in ruleset.presets.values():
+            for dtype in DTYPES:
+                pres = Preservation(preset.name, preset.axes, preset.tolerance)
+                legality = decide(op, dtype, ruleset, pres, RuleChoice(frozenset(), None))
+                decision = legality.families[family.name]
+                why = "\n".join(f.text() for r in family.rules for f in legality.rules[r].facts if not f.ok)
+                cells += (f"<td class='{'yes' if decision.legal else 'no'}' title='{escape(why or 'legal')}'>"
+                          f"{'legal' if decision.legal else 'illegal'}</td>")
+        rules = ", ".join(_rule_link(r) for r in family.rules)
+        rows += f"<tr><td><code>{escape(family.name)}</code><br><small>{rules}</small></td>{cells}</tr>"
+    return f"<table><tr><th>family (rules)</th>{head}</tr>{rows}</table><small>Hover a cell for the facts that decided it.</small>"
+
+
+def _op_section(name: str, ruleset) -> str:
+    op = ruleset.ops[name]
+    parts = [f"<h2 id='op-{escape(name)}'>{escape(name)}</h2>", f"<p><code>{escape(op.form)}</code></p>",
+             _properties(op.properties)]
+    for r in op.reductions:
+        parts += [f"<h3>reduction <code>{escape(r)}</code>: <small>{escape(ruleset.reductions[r].form)}</small></h3>",
+                  _properties(ruleset.reductions[r].properties)]
+    for f in op.functions:
+        parts += [f"<h3>function <code>{escape(f)}</code></h3>", _properties(ruleset.functions[f].properties)]
+    parts += ["<h3>legality under each preset</h3>", _legality_table(name, ruleset)]
+    return "\n".join(parts)
+
+
+def _rule_section(rule) -> str:
+    constraints = lambda c: ", ".join(f"{a} in {list(v)}" for a, v in c.items()) or "-"
+    rows = [("summary", escape(rule.summary)), ("acts on", escape(rule.acts_on)),
+            ("needs", ", ".join(f"<code>{escape(n)}</code>" for n in rule.needs) or "-"),
+            ("requires", escape(constraints(rule.requires))),
+            ("when a need holds in real arithmetic only", escape(constraints(rule.inexact))),
+            ("deterministic", "yes" if rule.deterministic else "no"),
+            ("added error", escape(", ".join(f"{d}: {e:g}" for d, e in rule.added_error.items()) or "-")),
+            ("effect on the error", escape(rule.error)), ("reference", f"<small>{escape(rule.ref)}</small>")]
+    body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return f"<h3 id='rule-{escape(rule.name)}'>{escape(rule.name)}</h3><table>{body}</table>"
+
+
+def page(ruleset) -> str:
+    nav = "".join(f"<a href='#op-{escape(n)}'>{escape(n)}</a>" for n in ruleset.ops)
+    presets = "".join(f"<tr><td><code>{escape(p.name)}</code></td><td>{escape(p.doc)}</td>"
+                      + "".join(f"<td>{escape(repr(p.axes[a]))}</td>" for a in ruleset.axes) + "</tr>"
+                      for p in ruleset.presets.values())
+    axes_head = "".join(f"<th title='{escape(a.doc)}'>{escape(a.name)}</th>" for a in ruleset.axes.values())
+    return "\n".join([
+        "<!doctype html><html><head><meta charset='utf-8'><title>aicg operators</title>",
+        f"<style>{STYLE}</style></head><body>",
+        "<h1>aicg operator explorer</h1>",
+        "<p>Every operator in <code>rulesets/atlas.toml</code>: its form, its properties, and which kernel "
+        "families are legal under each preservation preset. Generated by <code>doit explore</code>.</p>",
+        f"<nav>{nav} <a href='#rules'>rules</a> <a href='#presets'>presets</a></nav>",
+        f"<h2 id='presets'>presets</h2><table><tr><th>preset</th><th>meaning</th>{axes_head}</tr>{presets}</table>",
+        *(_op_section(n, ruleset) for n in ruleset.ops),
+        "<h2 id='rules'>rules</h2>",
+        *(_rule_section(r) for r in ruleset.rules.values()),
+        "</body></html>",
+    ])
