@@ -115,3 +115,47 @@ def test_validation_rejects_a_kernel_that_writes_nothing():
                                 timed_shapes=[], trials=2, repetitions=3)
     assert result["status"] == "failed"
     assert all(c["unwritten"] > 0 for c in result["checks"])
+
+
+BITWISE = """
+[instance]
+name = "gpu-bitwise"
+target = "h200"
+preservation = "bitwise"
+
+[plan]
+candidates_per_family = 2
+
+[[workload]]
+ops = ["row_sum", "row_max"]
+dtypes = ["float32", "bfloat16"]
+shapes = [[300, 4097], [1000, 128]]
+"""
+
+
+@needs_h200
+def test_a_bitwise_instance_matches_the_reference_order_bit_for_bit(tmp_path):
+    project = make_project(tmp_path / "bitwise", BITWISE)
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    assert run.code == 0, run.output
+    results = [json.loads(p.read_text()) for p in (project / "build/gpu-bitwise/validation").glob("*.json")]
+    assert results and all(r["status"] == "passed" for r in results)
+    assert all(c["bitwise_reference_order"] and c["repeatable"] for r in results for c in r["checks"])
+
+
+@needs_h200
+def test_a_tree_sum_fails_a_bitwise_demand():
+    from aicg import codegen, hw, nvrtc
+    from aicg.semantics import ruleset
+    from aicg.validate import validate_on_device
+    from doit_project import REPO
+    family = ruleset.load(REPO / "rulesets").families["row_sum_tree"]
+    params = {"threads": 256, "vec_bytes": 16, "topology": "block", "fast_exp": False}
+    source = codegen.source("tree", family, "float32", params)
+    cubin, _, _ = nvrtc.compile_cubin(source, "tree.cu", nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90")
+    result = validate_on_device(cubin, hw.load(REPO / "hwdb/h200.toml"), "row_sum", "float32", params,
+                                tolerance=(0.0, 0.0), deterministic=True, bitwise=True, check_shapes=[(64, 4097)],
+                                timed_shapes=[], trials=2, repetitions=3)
+    assert result["status"] == "failed"
+    assert not any(c["bitwise_reference_order"] for c in result["checks"])
+    assert all(c["repeatable"] for c in result["checks"])   # deterministic, just not in the reference order
