@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from .legality import Preservation, RuleChoice, decide
+from .legality import Preservation, RuleChoice, decide, decide_rule
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 75em; color: #222; }
@@ -40,13 +40,31 @@ def _legality_table(op: str, ruleset) -> str:
             for dtype in DTYPES:
                 pres = Preservation(preset.name, preset.axes, preset.tolerance)
                 legality = decide(op, dtype, ruleset, pres, RuleChoice(frozenset(), None))
-                decision = legality.families[family.name]
-                why = "\n".join(f.text() for r in family.rules for f in legality.rules[r].facts if not f.ok)
-                cells += (f"<td class='{'yes' if decision.legal else 'no'}' title='{escape(why or 'legal')}'>"
-                          f"{'legal' if decision.legal else 'illegal'}</td>")
+                blocking = [f for r in family.rules for f in legality.rules[r].facts if not f.ok]
+                cells += _cell(type(legality.families[family.name])(not blocking, tuple(blocking)))
         rules = ", ".join(_rule_link(r) for r in family.rules)
         rows += f"<tr><td><code>{escape(family.name)}</code><br><small>{rules}</small></td>{cells}</tr>"
     return f"<table><tr><th>family (rules)</th>{head}</tr>{rows}</table><small>Hover a cell for the facts that decided it.</small>"
+
+
+def _cell(decision) -> str:
+    why = "\n".join(f.text() for f in decision.facts if not f.ok) or "legal"
+    return f"<td class='{'yes' if decision.legal else 'no'}' title='{escape(why)}'>{'legal' if decision.legal else 'illegal'}</td>"
+
+
+def _rule_table(op_name: str, ruleset) -> str:
+    """Every rule whose needs the operator meets, legal or not under each preset."""
+    op, everything = ruleset.ops[op_name], RuleChoice(frozenset(), None)
+    presets = [Preservation(p.name, p.axes, p.tolerance) for p in ruleset.presets.values()]
+    rows = ""
+    for rule in ruleset.rules.values():
+        probe = decide_rule(rule, op, DTYPES[0], ruleset, presets[0], everything)
+        if any(f.kind == "property" and not f.ok for f in probe.facts):
+            continue   # the operator lacks a property the rule needs: it never applies
+        cells = "".join(_cell(decide_rule(rule, op, d, ruleset, p, everything)) for p in presets for d in DTYPES)
+        rows += f"<tr><td>{_rule_link(rule.name)}</td>{cells}</tr>"
+    head = "".join(f"<th>{escape(p.preset)}<br><small>{d}</small></th>" for p in presets for d in DTYPES)
+    return f"<table><tr><th>rule</th>{head}</tr>{rows}</table>"
 
 
 def _op_section(name: str, ruleset) -> str:
@@ -58,7 +76,8 @@ def _op_section(name: str, ruleset) -> str:
                   _properties(ruleset.reductions[r].properties)]
     for f in op.functions:
         parts += [f"<h3>function <code>{escape(f)}</code></h3>", _properties(ruleset.functions[f].properties)]
-    parts += ["<h3>legality under each preset</h3>", _legality_table(name, ruleset)]
+    parts += ["<h3>families under each preset</h3>", _legality_table(name, ruleset),
+              "<h3>rules that apply, under each preset</h3>", _rule_table(name, ruleset)]
     return "\n".join(parts)
 
 
