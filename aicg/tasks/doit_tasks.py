@@ -80,7 +80,9 @@ def task_instance():
            "actions": None, "task_dep": ["package"]}
     yield {"basename": "explain", "doc": "print why rules and families are legal or not: doit explain [op=..] [dtype=..] [profile=..]",
            "actions": [(_explain, [instance])], "uptodate": [False], "verbosity": 2}
+    # the page changes with the rule sets and with the code that renders them
     rule_files = sorted(str(p) for p in instance.layout.rules.glob("*.toml"))
+    rule_files += [explore.__file__, legality.__file__, graph.ruleset_loader.__file__]
     yield {"basename": "explore", "doc": f"write the operator explorer page to {EXPLORER}",
            "actions": [(_explore, [instance])], "file_dep": rule_files, "targets": [EXPLORER], "clean": True,
            "verbosity": 2}
