@@ -212,3 +212,12 @@ def test_an_input_changed_while_a_step_runs_is_not_published(tmp_path):
     assert env.receipt("compile:a") is None and not (env.instance_dir / "out/a").exists()
     cached = [env.store.get_action(p.parent.name + p.name).step for p in (tmp_path / "cache/actions").rglob("*") if p.is_file()]
     assert cached == ["codegen"]
+
+
+def test_selecting_a_rule_the_preservation_level_forbids_fails_with_the_reason(built):
+    profile = (built / "rulesets/profiles/small.toml").read_text().replace(
+        "[plan]", '[rules]\nselect = ["tree_reduction", "fast_intrinsics", "libdevice_math", "online_softmax"]\n\n[plan]')
+    (built / "rulesets/profiles/small.toml").write_text(profile)
+    run = doit(built, "build", PROFILE)
+    assert run.code != 0
+    assert "small.toml: rules.select" in run.output and "fast_intrinsics needs math in ('approximate')" in run.output

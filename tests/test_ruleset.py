@@ -98,3 +98,11 @@ def test_a_family_param_of_the_wrong_element_type(rules_dir, edit, raises_input_
     edit(rules_dir / "families.toml", "params.threads = [128, 256, 512, 1024]", 'params.threads = ["128"]')
     with raises_input_error(rules_dir / "families.toml", "defaults.params.threads", "an array of"):
         ruleset.load(rules_dir)
+
+
+def test_a_family_whose_rules_its_operator_cannot_meet_is_a_contradiction(rules_dir, edit, raises_input_error):
+    edit(rules_dir / "families.toml", 'function = "aicg::row_sum"\nrules = ["tree_reduction"]',
+         'function = "aicg::row_sum"\nrules = ["tree_reduction", "welford"]')
+    with raises_input_error(rules_dir / "families.toml", "families.row_sum_tree.rules",
+                            "welford needs operator row_sum to be welford_decomposable, which atlas.toml does not state"):
+        ruleset.load(rules_dir)
