@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import digest
@@ -24,11 +24,18 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new, never a part."""
+def write_atomic(path: Path, data: bytes, tmp_dir: Path | None = None) -> None:
+    """Write a file so that readers see the old content or the new, never a part.
+
+    The temporary file lives in `tmp_dir` (default: beside the file), which
+    must be on the same file system; a writer killed midway leaves only a
+    temporary file there, never a partial file under the final name.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp_dir = Path(tmp_dir) if tmp_dir is not None else path.parent
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)   # mkstemp makes 0600; a shared store must stay readable
         with os.fdopen(fd, "wb") as f:
@@ -43,16 +50,55 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 @dataclass(frozen=True)
 class ActionEntry:
-    """What a step produced under one key: output path -> blob digest, plus metadata."""
+    """What a step produced under one key: output path -> blob digest (xxh3-128).
+
+    `sha256` names the same blobs for a remote store that addresses content
+    by SHA-256 (the Bazel remote cache protocol); it is empty locally.
+    """
 
     key: str
     step: str
     outputs: dict[str, str]
+    sha256: dict[str, str] = field(default_factory=dict)
+
+
+def encode_entry(entry: ActionEntry, signature: bytes | None = None) -> bytes:
+    payload = digest.pack({"key": entry.key, "step": entry.step, "outputs": entry.outputs, "sha256": entry.sha256})
+    envelope = [payload, digest.of_bytes(payload)]
+    return digest.pack(envelope + [signature] if signature is not None else envelope)
+
+
+def decode_entry(data: bytes, with_signature: bool = False):
+    """The entry (and its signature, if asked) or None for anything undecodable or corrupt."""
+    try:
+        envelope = digest.unpack(data)
+        payload, checksum = envelope[0], envelope[1]
+        signature = envelope[2] if len(envelope) > 2 else None
+        if digest.of_bytes(payload) != checksum:
+            return None
+        fields = digest.unpack(payload)
+        entry = ActionEntry(fields["key"], fields["step"], dict(fields["outputs"]), dict(fields.get("sha256", {})))
+    except Exception:  # msgpack raises several types on undecodable input; all are a miss
+        return None
+    return (entry, payload, signature) if with_signature else entry
 
 
 class Store:
+    """The local store. Reads refresh a file's mtime, so `gc` can drop the least recently used."""
+
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.tmp = self.root / "tmp"
+
+    def _write(self, path: Path, data: bytes) -> None:
+        write_atomic(path, data, self.tmp)
+
+    @staticmethod
+    def _touch(path: Path) -> None:
+        try:
+            os.utime(path)
+        except OSError:
+            pass
 
     def _object_path(self, blob_digest: str) -> Path:
         return self.root / "objects" / blob_digest[:2] / blob_digest[2:]
@@ -63,33 +109,58 @@ class Store:
     def put_blob(self, data: bytes) -> str:
         blob_digest = digest.of_bytes(data)
         if self.get_blob(blob_digest) is None:   # absent, or present but corrupt: (re)write it
-            write_atomic(self._object_path(blob_digest), data)
+            self._write(self._object_path(blob_digest), data)
         return blob_digest
 
     def get_blob(self, blob_digest: str) -> bytes | None:
+        path = self._object_path(blob_digest)
         try:
-            data = self._object_path(blob_digest).read_bytes()
+            data = path.read_bytes()
         except OSError:
             return None
-        return data if digest.of_bytes(data) == blob_digest else None
+        if digest.of_bytes(data) != blob_digest:
+            return None
+        self._touch(path)
+        return data
 
     def put_action(self, entry: ActionEntry) -> None:
-        payload = digest.pack({"key": entry.key, "step": entry.step, "outputs": entry.outputs})
-        write_atomic(self._action_path(entry.key), digest.pack([payload, digest.of_bytes(payload)]))
+        self._write(self._action_path(entry.key), encode_entry(entry))
 
     def get_action(self, key: str) -> ActionEntry | None:
         """The entry for `key` if it is intact (its blobs are checked by fetch_outputs)."""
+        path = self._action_path(key)
         try:
-            payload, checksum = digest.unpack(self._action_path(key).read_bytes())
-            if digest.of_bytes(payload) != checksum:
-                return None
-            fields = digest.unpack(payload)
-            entry = ActionEntry(fields["key"], fields["step"], dict(fields["outputs"]))
-        except Exception:  # unreadable or undecodable: msgpack raises several types; all are a miss
+            entry = decode_entry(path.read_bytes())
+        except OSError:
             return None
-        if entry.key != key:
+        if entry is None or entry.key != key:
             return None
+        self._touch(path)
         return entry
+
+    def entries(self):
+        """(path, size, mtime) of every object and action entry, for stats and gc."""
+        for kind in ("objects", "actions"):
+            for path in (self.root / kind).glob("*/*"):
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                yield path, st.st_size, st.st_mtime
+
+    def gc(self, max_bytes: int) -> tuple[int, int]:
+        """Delete least recently used files until the store holds at most max_bytes.
+        Returns (files removed, bytes removed). An action whose blob went is a miss."""
+        files = sorted(self.entries(), key=lambda e: e[2])
+        total = sum(size for _, size, _ in files)
+        removed = freed = 0
+        for path, size, _ in files:
+            if total <= max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            removed, freed = removed + 1, freed + size
+        return removed, freed
 
     def fetch_outputs(self, entry: ActionEntry) -> dict[str, bytes] | None:
         """All outputs of an entry, each checked against its digest; None if any is missing or bad."""

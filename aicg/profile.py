@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import tomlfile
+from . import config, tomlfile
 from .dtypes import DTYPES
 from .ops import OPERATORS
 from .semantics.legality import Preservation, RuleChoice
@@ -35,6 +35,7 @@ class Profile:
     validation_trials: int
     timing_repetitions: int
     workload: dict[str, Workload]
+    cache: dict          # store settings of the profile's [cache] table (see aicg/config.py)
 
 
 def _shapes(table: tomlfile.Table) -> tuple[tuple[int, int], ...]:
@@ -102,6 +103,7 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     repetitions = validation.get("timing_repetitions", int, default=20)
     validation.done()
 
+    cache = config.settings(doc.table("cache", default={}))
     workload = _workload(doc, ruleset)
     for op, w in workload.items():
         missing = [d for d in w.dtypes if d not in tolerance]
@@ -110,4 +112,4 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     doc.done()
     return Profile(path, name, target, Preservation(preset_name, axes, tolerance),
                    RuleChoice(forbid, frozenset(select) if select is not None else None),
-                   per_family, trials, repetitions, workload)
+                   per_family, trials, repetitions, workload, cache)

@@ -7,6 +7,8 @@ import shutil
 import pytest
 
 from aicg import cas, digest
+from aicg.config import StoreConfig
+from aicg.store import LayeredStore
 from aicg.runtime import driver
 from aicg.tasks import graph, step
 from doit_project import doit, make_project
@@ -29,7 +31,8 @@ def built(project):
 def instance_files(project):
     root = project / "build/small"
     files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    return {name: data for name, data in files.items() if not name.startswith(".receipts/")}  # bookkeeping
+    bookkeeping = (".receipts/", ".tmp/", "provenance.json")   # how this build went, not what it made
+    return {name: data for name, data in files.items() if not name.startswith(bookkeeping)}
 
 
 def test_first_build_runs_every_step_and_prints_the_summary(project):
@@ -151,15 +154,14 @@ def test_list_info_and_clean_behave_as_doit_users_expect(built):
 
 def test_a_validation_done_on_the_target_is_reused_without_a_gpu(built):
     """A GPU node's result in the shared store is taken as is, keyed by cubin and GPU."""
-    instance = graph.load_instance(graph.Layout(built), built / "rulesets/profiles/small.toml",
-                                   built / "cache", built / "build")
+    instance = graph.load_instance(graph.Layout(built), built / "rulesets/profiles/small.toml", built / "build")
     validate = next(s for s in instance.steps if s.name.startswith("validate:softmax_online"))
     key = step.key(validate, instance.env)
     record = {"status": "passed", "device": "NVIDIA H200", "checks": [],
               "timings": [{"shape": [64, 1000], "median_seconds": 1e-6}]}
     out = validate.targets[0]
-    instance.env.store.put_action(cas.ActionEntry(key, "validate", {out: instance.env.store.put_blob(
-        graph.to_json(record))}))
+    local = instance.env.store.local
+    local.put_action(cas.ActionEntry(key, "validate", {out: local.put_blob(graph.to_json(record))}))
     shutil.rmtree(built / "build")
     run = doit(built, "build", PROFILE)
     manifest = json.loads((built / "build/small/manifest.json").read_text())
@@ -198,7 +200,7 @@ def test_a_kernel_that_fails_to_compile_names_the_header_and_line_and_caches_not
 
 
 def test_an_input_changed_while_a_step_runs_is_not_published(tmp_path):
-    env = step.Env(tmp_path / "inst", cas.Store(tmp_path / "cache"))
+    env = step.Env(tmp_path / "inst", LayeredStore(StoreConfig(tmp_path / "cache", None, False, 1.0, None, False)))
     upstream = step.Step("codegen:a", "", {"v": 1}, lambda ctx: step.Result({"src/a.cu": b"one"}), ("codegen.py",))
     step.execute(upstream, env)
 
@@ -210,7 +212,8 @@ def test_an_input_changed_while_a_step_runs_is_not_published(tmp_path):
     with pytest.raises(Exception, match="changed while"):
         step.execute(down, env)
     assert env.receipt("compile:a") is None and not (env.instance_dir / "out/a").exists()
-    cached = [env.store.get_action(p.parent.name + p.name).step for p in (tmp_path / "cache/actions").rglob("*") if p.is_file()]
+    cached = [env.store.local.get_action(p.parent.name + p.name).step
+              for p in (tmp_path / "cache/actions").rglob("*") if p.is_file()]
     assert cached == ["codegen"]
 
 

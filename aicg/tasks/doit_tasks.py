@@ -8,7 +8,6 @@ step.py); doit's database is local bookkeeping only.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from doit import get_var
@@ -40,9 +39,9 @@ _loaded: dict = {}
 def load() -> graph.Instance:
     root = Path.cwd()
     profile = Path(get_var("profile", DEFAULT_PROFILE))
-    cache = Path(os.environ.get("AICG_CACHE_DIR", root / "cache"))
+    recache = get_var("recache", "0") not in ("", "0")
     try:
-        instance = graph.load_instance(graph.Layout(root), profile, cache, root / "build")
+        instance = graph.load_instance(graph.Layout(root), profile, root / "build", recache=recache)
     except (InputError, CompileError) as err:
         raise InvalidDodoFile(str(err)) from None
     _loaded["instance"] = instance
@@ -121,7 +120,7 @@ class BuildReporter(ConsoleReporter):
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
-        self.origins: dict[str, list[str]] = {"ran": [], "cache": []}
+        self.origins: dict[str, list[str]] = {"ran": [], "local": [], "remote": []}
         self.fresh: list[str] = []
 
     def execute_task(self, task):
@@ -143,27 +142,46 @@ class BuildReporter(ConsoleReporter):
     def complete_run(self):
         if self.runtime_errors:
             self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
-        ran, cached = self.origins["ran"], self.origins["cache"]
-        if not (ran or cached or self.failures or self.fresh):
+        ran, local, remote = self.origins["ran"], self.origins["local"], self.origins["remote"]
+        if not (ran or local or remote or self.failures or self.fresh):
             return
-        if not (ran or cached or self.failures):
-            if self.fresh:
-                self.write(f"aicg: nothing to do, all {len(self.fresh)} tasks are up to date\n")
+        if not (ran or local or remote or self.failures):
+            self.write(f"aicg: nothing to do, all {len(self.fresh)} tasks are up to date\n")
         else:
             compiled = sum(1 for n in ran if n.startswith("compile:"))
             self.write(f"aicg: {len(ran)} tasks ran ({compiled} NVRTC compilations), "
-                       f"{len(cached)} restored from cache, {len(self.fresh)} up to date\n")
+                       f"{len(local) + len(remote)} restored from cache ({len(local)} local, {len(remote)} remote), "
+                       f"{len(self.fresh)} up to date\n")
         instance = _loaded.get("instance")
-        processed = set(ran) | set(cached) | set(self.fresh)
-        if instance and "package" in processed and not self.failures:
+        if instance is None:
+            return
+        _record_build(instance)
+        processed = set(ran) | set(local) | set(remote) | set(self.fresh)
+        if "package" in processed and not self.failures:
             manifest_path = instance.env.instance_dir / "manifest.json"
             self.write(f"\ninstance {instance.name} -> {manifest_path.parent}\n")
             self.write(summary.table(json.loads(manifest_path.read_text())))
+
+
+def _record_build(instance: graph.Instance) -> None:
+    """Where each artifact came from (provenance.json beside the manifest, which
+    stays bit-identical whatever its origin) and the store's counters."""
+    env = instance.env
+    origins = {s.name: (env.receipt(s.name) or {}).get("origin") for s in instance.steps}
+    if any(origins.values()):
+        cas.write_atomic(env.instance_dir / "provenance.json",
+                         (json.dumps({"origins": origins}, indent=1, sort_keys=True) + "\n").encode(), env.tmp)
+    if env.store.stats:
+        store = env.store
+        cas.write_atomic(store.local.root / "last-build.json",
+                         (json.dumps({"instance": instance.name, "remote": store.config.remote,
+                                      "counters": dict(sorted(store.stats.items()))}, indent=1) + "\n").encode(),
+                         store.local.tmp)
 
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
     "reporter": BuildReporter,
     "dep_file": ".doit.db",
-    "backend": "json",
+    "backend": "sqlite3",   # safe for two builds at once in one checkout
 }

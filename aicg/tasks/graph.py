@@ -16,7 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cas, codegen, digest, hw, nvrtc, plan, profile, toolchain
+from .. import codegen, config, digest, hw, nvrtc, plan, profile, toolchain
+from ..store import LayeredStore
 from ..errors import CompileError, InputChanged, InputError
 from ..semantics import legality as legality_engine
 from ..semantics import ruleset as ruleset_loader
@@ -175,12 +176,13 @@ def _select_step(op: str, work, candidates) -> Step:
                 run, ("tasks/package.py",), upstream=upstream, targets=(out,))
 
 
-def load_instance(layout: Layout, profile_path: Path, cache_dir: Path, build_dir: Path) -> Instance:
+def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_config=None, recache=False) -> Instance:
     rules = ruleset_loader.load(layout.rules)
     prof = profile.load(profile_path, rules, layout.hwdb)
     hardware = hw.load_target(layout.hwdb, prof.target)
     hw_facts = {f: hardware.fact(f) for f in plan.PLAN_FACTS}
-    env = Env(Path(build_dir) / prof.name, cas.Store(cache_dir))
+    store_config = store_config or config.load(layout.root, prof.cache, recache)
+    env = Env(Path(build_dir) / prof.name, LayeredStore(store_config))
 
     steps = [_hw_step(hardware)]
     planned = {}

@@ -22,6 +22,7 @@ from typing import Callable
 
 from .. import cas, digest
 from ..errors import InputChanged
+from ..store import LayeredStore
 
 AICG_DIR = Path(__file__).resolve().parent.parent
 
@@ -57,9 +58,14 @@ class Env:
     the only writer during a build.
     """
     instance_dir: Path
-    store: cas.Store
+    store: LayeredStore
     _receipts: dict = field(default_factory=dict, repr=False)
     _reads: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def tmp(self) -> Path:
+        """Temporary files of atomic writes: outside the instance proper."""
+        return self.instance_dir / ".tmp"
 
     def receipt_path(self, step_name: str) -> Path:
         return self.instance_dir / ".receipts" / (step_name.replace(":", ".") + ".msgpack")
@@ -77,7 +83,7 @@ class Env:
         if receipt is None:
             self.receipt_path(step_name).unlink(missing_ok=True)
         else:
-            cas.write_atomic(self.receipt_path(step_name), digest.pack(receipt))
+            cas.write_atomic(self.receipt_path(step_name), digest.pack(receipt), self.tmp)
             self._receipts[step_name] = receipt
 
     def reads_digest(self, step: "Step") -> str:
@@ -134,7 +140,7 @@ class Context:
 
 def _publish(step: Step, env: Env, step_key: str, outputs: dict[str, bytes], origin: str) -> None:
     for relpath, data in outputs.items():
-        cas.write_atomic(env.instance_dir / relpath, data)
+        cas.write_atomic(env.instance_dir / relpath, data, env.tmp)
     receipt = {"key": step_key, "origin": origin,
                "outputs": {p: digest.of_bytes(d) for p, d in outputs.items()}}
     if step.local_state is not None:
@@ -143,24 +149,24 @@ def _publish(step: Step, env: Env, step_key: str, outputs: dict[str, bytes], ori
 
 
 def execute(step: Step, env: Env) -> str:
-    """Restore or run the step and publish its outputs; returns where they came from."""
+    """Restore or run the step and publish its outputs; returns where they came
+    from: "local" or "remote" (a store hit) or "ran"."""
     step_key = key(step, env)
     if step_key is None:
         raise InputChanged(f"an upstream step of {step.name} has no published result")
     env.write_receipt(step.name, None)   # a failed run leaves the step stale
 
-    entry = env.store.get_action(step_key)
-    restored = env.store.fetch_outputs(entry) if entry else None
-    if restored is not None:
-        _publish(step, env, step_key, restored, "cache")
-        return "cache"
+    hit = env.store.lookup(step_key)
+    if hit is not None:
+        outputs, origin = hit
+        _publish(step, env, step_key, outputs, origin)
+        return origin
 
     result = step.run(Context(step, env))
     if key(step, env) != step_key:
         raise InputChanged(f"an input of {step.name} changed while it ran; its result was not published")
     if result.cache:
-        blobs = {relpath: env.store.put_blob(data) for relpath, data in result.outputs.items()}
-        env.store.put_action(cas.ActionEntry(step_key, step.kind, blobs))
+        env.store.record(step_key, step.kind, result.outputs)
     _publish(step, env, step_key, result.outputs, "ran" if result.cache else "ran-uncached")
     return "ran"
 

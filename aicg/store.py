@@ -1,0 +1,125 @@
+"""The store a build uses: the local store first, a shared remote second.
+
+A hit in the remote is checked (its entry's checksum, its signature when a
+key is configured, every blob against both its SHA-256 and its xxh3 digest)
+and written back to the local store. Anything wrong is a miss: the step runs
+and, in write mode, its result replaces the bad entry. A remote that fails
+to answer is reported once and left alone for the rest of the build, which
+then runs at the speed of a local one.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import sys
+from collections import Counter
+
+from . import cas, digest, remote as remotes
+from .config import StoreConfig
+
+
+def action_name(key: str) -> str:
+    """The /ac/ name of a key: 64 hex digits, as the Bazel protocol expects."""
+    return hashlib.sha256(f"aicg-action-v1:{key}".encode()).hexdigest()
+
+
+class LayeredStore:
+    def __init__(self, config: StoreConfig, warn=None):
+        self.config = config
+        self.local = cas.Store(config.local)
+        self.remote = remotes.connect(config.remote, config.timeout) if config.remote else None
+        self.stats: Counter = Counter()
+        self._bad_blobs: set[str] = set()
+        self._warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
+
+    # -- signing -------------------------------------------------------------
+    def _sign(self, payload: bytes) -> bytes | None:
+        key = self.config.signing_key
+        return hmac.new(key, payload, hashlib.sha256).digest() if key else None
+
+    def _trusted(self, payload: bytes, signature: bytes | None) -> bool:
+        if not self.config.signing_key:
+            return True
+        return signature is not None and hmac.compare_digest(self._sign(payload), signature)
+
+    # -- the remote, guarded ---------------------------------------------------
+    def _remote_call(self, method: str, *args):
+        if self.remote is None:
+            return None
+        try:
+            return getattr(self.remote, method)(*args)
+        except remotes.Unavailable as err:
+            self._warn(f"aicg: warning: remote store {self.remote.where} unavailable ({err}); "
+                       f"continuing with the local store only")
+            self.stats["remote_unavailable"] += 1
+            self.remote = None
+            return None
+
+    def _fetch_remote(self, key: str):
+        data = self._remote_call("get", "ac", action_name(key))
+        if data is None:
+            return None
+        decoded = cas.decode_entry(data, with_signature=True)
+        if decoded is None or decoded[0].key != key:
+            self.stats["remote_corrupt_entries"] += 1
+            return None
+        entry, payload, signature = decoded
+        if not self._trusted(payload, signature):
+            self.stats["remote_untrusted_entries"] += 1
+            return None
+        outputs = {}
+        for relpath, blob_digest in entry.outputs.items():
+            sha = entry.sha256.get(relpath)
+            blob = self._remote_call("get", "cas", sha) if sha else None
+            if blob is None:
+                self.stats["remote_missing_blobs"] += 1
+                return None
+            if hashlib.sha256(blob).hexdigest() != sha or digest.of_bytes(blob) != blob_digest:
+                self.stats["remote_corrupt_blobs"] += 1
+                self._bad_blobs.add(sha)
+                return None
+            outputs[relpath] = blob
+            self.stats["bytes_down"] += len(blob)
+        self._record_local(key, entry.step, outputs)
+        return outputs
+
+    # -- what steps call -------------------------------------------------------
+    def lookup(self, key: str) -> tuple[dict[str, bytes], str] | None:
+        """(outputs, "local" | "remote") for a hit, None for a miss."""
+        if self.config.recache:
+            self.stats["recache_skips"] += 1
+            return None
+        entry = self.local.get_action(key)
+        outputs = self.local.fetch_outputs(entry) if entry else None
+        if outputs is not None:
+            self.stats["local_hits"] += 1
+            return outputs, "local"
+        outputs = self._fetch_remote(key)
+        if outputs is not None:
+            self.stats["remote_hits"] += 1
+            return outputs, "remote"
+        self.stats["misses"] += 1
+        return None
+
+    def _record_local(self, key: str, step: str, outputs: dict[str, bytes]) -> cas.ActionEntry:
+        blobs = {relpath: self.local.put_blob(data) for relpath, data in outputs.items()}
+        entry = cas.ActionEntry(key, step, blobs)
+        self.local.put_action(entry)
+        return entry
+
+    def record(self, key: str, step: str, outputs: dict[str, bytes]) -> None:
+        entry = self._record_local(key, step, outputs)
+        if self.remote is None or not self.config.writable:
+            return
+        shas = {relpath: hashlib.sha256(data).hexdigest() for relpath, data in outputs.items()}
+        for relpath, data in outputs.items():
+            sha = shas[relpath]
+            if sha in self._bad_blobs or not self._remote_call("has", "cas", sha):
+                if self.remote is None:
+                    return
+                self._remote_call("put", "cas", sha, data)
+                self.stats["bytes_up"] += len(data)
+        remote_entry = cas.ActionEntry(key, step, entry.outputs, shas)
+        payload = digest.unpack(cas.encode_entry(remote_entry))[0]
+        self._remote_call("put", "ac", action_name(key), cas.encode_entry(remote_entry, self._sign(payload)))
+        self.stats["remote_writes"] += 1
