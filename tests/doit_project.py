@@ -40,6 +40,20 @@ def make_project(root: Path, profile: str = SMALL_PROFILE) -> Path:
     return root
 
 
+def instance_files(project: Path, name: str = "small") -> dict[str, bytes]:
+    """What an instance is made of, without the bookkeeping of how its build went."""
+    root = project / "build" / name
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    bookkeeping = (".receipts/", ".tmp/", "provenance.json")
+    return {n: data for n, data in files.items() if not n.startswith(bookkeeping)}
+
+
+def receipt_keys(project: Path, name: str = "small") -> dict[str, str]:
+    from aicg import digest
+    receipts = project / "build" / name / ".receipts"
+    return {p.name: digest.unpack(p.read_bytes())["key"] for p in receipts.iterdir()}
+
+
 class Run:
     def __init__(self, code: int, output: str, compilations: int):
         self.code, self.output, self.compilations = code, output, compilations
@@ -49,11 +63,18 @@ class Run:
         return [line[2:] for line in self.output.splitlines() if line.startswith(". ")]
 
 
-def doit(project: Path, *args: str, cache: Path | None = None) -> Run:
-    """Run `doit ARGS` in `project` with its own cache; output and compilations counted."""
-    old_cwd, old_cache = Path.cwd(), os.environ.get("AICG_CACHE_DIR")
+STORE_VARIABLES = ("AICG_CACHE_DIR", "AICG_REMOTE", "AICG_REMOTE_MODE", "AICG_REMOTE_TIMEOUT",
+                   "AICG_SIGNING_KEY_FILE", "AICG_RECACHE")
+
+
+def doit(project: Path, *args: str, cache: Path | None = None, env: dict | None = None) -> Run:
+    """Run `doit ARGS` in `project` with its own cache (and `env` store settings);
+    output and compilations counted."""
+    old_cwd, saved = Path.cwd(), {k: os.environ.get(k) for k in STORE_VARIABLES}
     os.chdir(project)
-    os.environ["AICG_CACHE_DIR"] = str(cache or project / "cache")
+    for k in STORE_VARIABLES:
+        os.environ.pop(k, None)
+    os.environ.update({"AICG_CACHE_DIR": str(cache or project / "cache"), **(env or {})})
     before = nvrtc.compilations
     out = io.StringIO()
     default_outfile = cmd_run.opt_outfile["default"]
@@ -65,8 +86,9 @@ def doit(project: Path, *args: str, cache: Path | None = None) -> Run:
     finally:
         cmd_run.opt_outfile["default"] = default_outfile
         os.chdir(old_cwd)
-        if old_cache is None:
-            os.environ.pop("AICG_CACHE_DIR", None)
-        else:
-            os.environ["AICG_CACHE_DIR"] = old_cache
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return Run(code, out.getvalue(), nvrtc.compilations - before)

@@ -11,7 +11,7 @@ from aicg.config import StoreConfig
 from aicg.store import LayeredStore
 from aicg.runtime import driver
 from aicg.tasks import graph, step
-from doit_project import doit, make_project
+from doit_project import doit, instance_files, make_project
 
 PROFILE = "profile=rulesets/profiles/small.toml"
 
@@ -26,13 +26,6 @@ def built(project):
     run = doit(project, "build", PROFILE)
     assert run.code == 0, run.output
     return project
-
-
-def instance_files(project):
-    root = project / "build/small"
-    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    bookkeeping = (".receipts/", ".tmp/", "provenance.json")   # how this build went, not what it made
-    return {name: data for name, data in files.items() if not name.startswith(bookkeeping)}
 
 
 def test_first_build_runs_every_step_and_prints_the_summary(project):

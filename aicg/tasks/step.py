@@ -110,6 +110,8 @@ def key(step: Step, env: Env) -> str | None:
 
 
 def is_fresh(step: Step, env: Env) -> bool:
+    if env.store.config.recache:   # the user asked for every step to run again
+        return False
     receipt = env.receipt(step.name)
     if receipt is None or receipt["key"] != key(step, env):
         return False

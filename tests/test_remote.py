@@ -1,0 +1,211 @@
+"""Sharing the store through a remote, each fault with a real server on loopback."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aicg import digest
+from doit_project import doit, instance_files, make_project, receipt_keys
+from remote_servers import Nginx, Silent, free_port
+
+PROFILE = "profile=rulesets/profiles/small.toml"
+
+
+@pytest.fixture
+def nginx(tmp_path):
+    server = Nginx(tmp_path / "nginx")
+    yield server
+    server.stop()
+
+
+def build(project, env=None):
+    run = doit(project, "build", PROFILE, env=env)
+    assert run.code == 0, run.output
+    return run
+
+
+def counters(project):
+    return json.loads((project / "cache/last-build.json").read_text())["counters"]
+
+
+def writer(url, **extra):
+    return {"AICG_REMOTE": url, "AICG_REMOTE_MODE": "write", **extra}
+
+
+def test_a_second_checkout_restores_everything_from_the_remote(tmp_path, nginx):
+    first = make_project(tmp_path / "first")
+    build(first, writer(nginx.url))
+    second = make_project(tmp_path / "elsewhere/second")    # another directory, a fresh local store
+    run = build(second, {"AICG_REMOTE": nginx.url})
+    assert run.compilations == 0
+    origins = json.loads((second / "build/small/provenance.json").read_text())["origins"]
+    assert {o for n, o in origins.items() if n.startswith(("compile:", "codegen:", "plan:"))} == {"remote"}
+    assert receipt_keys(first) == receipt_keys(second)       # no path leaks into a key
+    assert instance_files(first) == instance_files(second)
+    assert counters(second)["bytes_down"] > 0
+    # the remote hits now live in the local store too: without the remote, nothing is missing
+    (second / "build").rename(second / "old-build")
+    assert build(second).compilations == 0 and counters(second).get("remote_hits", 0) == 0
+
+
+def test_read_mode_never_writes_to_the_remote(tmp_path, nginx):
+    build(make_project(tmp_path / "p"), {"AICG_REMOTE": nginx.url})
+    assert not nginx.files.exists() or not any(nginx.files.rglob("*"))
+
+
+def _local_seconds(tmp_path) -> float:
+    start = time.monotonic()
+    build(make_project(tmp_path / "local"))
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("fault", ["down", "slow"])
+def test_a_dead_or_silent_remote_costs_one_warning_and_no_time(tmp_path, fault):
+    local = _local_seconds(tmp_path)
+    server = Silent() if fault == "slow" else None
+    url = server.url if server else f"http://127.0.0.1:{free_port()}/aicg"
+    try:
+        start = time.monotonic()
+        run = build(make_project(tmp_path / "p"), writer(url, AICG_REMOTE_TIMEOUT="0.5"))
+        elapsed = time.monotonic() - start
+    finally:
+        if server:
+            server.stop()
+    assert run.output.count("remote store") == 1 and "unavailable" in run.output
+    assert elapsed < local + 2.0, (elapsed, local)   # one timeout at most, then local speed
+
+
+def _compile_blobs(project):
+    """sha256 names of the cubins the project's compile steps produced."""
+    return [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((project / "build/small/cubin").glob("*.cubin"))]
+
+
+def test_corrupt_truncated_and_foreign_blobs_are_misses_rebuilt_and_replaced(tmp_path, nginx):
+    first = make_project(tmp_path / "first")
+    build(first, writer(nginx.url))
+    good = instance_files(first)
+    a, b, c = _compile_blobs(first)[:3]
+    blob = lambda sha: nginx.files / "cas" / sha
+    original = {sha: blob(sha).read_bytes() for sha in (a, b, c)}
+    blob(a).write_bytes(original[a][:-1] + bytes([original[a][-1] ^ 0xFF]))   # corrupted
+    blob(b).write_bytes(original[b][:64])                                       # truncated
+    blob(c).write_bytes(original[a])                                            # another blob's bytes
+
+    second = make_project(tmp_path / "second")
+    run = build(second, writer(nginx.url))
+    assert run.compilations == 3
+    assert counters(second)["remote_corrupt_blobs"] == 3
+    assert instance_files(second) == good
+    assert all(blob(sha).read_bytes() == original[sha] for sha in (a, b, c))   # replaced in write mode
+
+
+def test_an_entry_whose_blob_is_missing_is_a_miss(tmp_path, nginx):
+    first = make_project(tmp_path / "first")
+    build(first, writer(nginx.url))
+    (nginx.files / "cas" / _compile_blobs(first)[0]).unlink()
+    second = make_project(tmp_path / "second")
+    run = build(second, {"AICG_REMOTE": nginx.url})
+    assert run.compilations == 1 and counters(second)["remote_missing_blobs"] == 1
+    assert instance_files(second) == instance_files(first)
+
+
+def test_signed_entries_are_trusted_only_with_the_same_key(tmp_path, nginx):
+    key, other = tmp_path / "key", tmp_path / "other"
+    key.write_text("team secret")
+    other.write_text("somebody else")
+    build(make_project(tmp_path / "signer"), writer(nginx.url, AICG_SIGNING_KEY_FILE=str(key)))
+    trusted = build(make_project(tmp_path / "trusted"), {"AICG_REMOTE": nginx.url, "AICG_SIGNING_KEY_FILE": str(key)})
+    assert trusted.compilations == 0
+    stranger = make_project(tmp_path / "stranger")
+    run = build(stranger, {"AICG_REMOTE": nginx.url, "AICG_SIGNING_KEY_FILE": str(other)})
+    assert run.compilations == 8 and counters(stranger)["remote_untrusted_entries"] > 0
+
+
+def test_unsigned_entries_are_refused_by_a_client_with_a_key(tmp_path, nginx):
+    key = tmp_path / "key"
+    key.write_text("team secret")
+    build(make_project(tmp_path / "unsigned"), writer(nginx.url))      # a writer without the key
+    careful = make_project(tmp_path / "careful")
+    run = build(careful, {"AICG_REMOTE": nginx.url, "AICG_SIGNING_KEY_FILE": str(key)})
+    assert run.compilations == 8 and counters(careful)["remote_untrusted_entries"] > 0
+
+
+def test_a_shared_directory_works_as_a_remote(tmp_path):
+    shared = tmp_path / "nfs"
+    build(make_project(tmp_path / "a"), writer(str(shared)))
+    assert (shared / "ac").is_dir() and (shared / "cas").is_dir()
+    assert build(make_project(tmp_path / "b"), {"AICG_REMOTE": str(shared)}).compilations == 0
+
+
+def _doit_process(project, env_extra=None):
+    env = {**os.environ, "AICG_CACHE_DIR": str(project / "cache"), **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-m", "doit", "build", PROFILE], cwd=project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _well_formed(project):
+    """No torn file: every JSON parses and every packaged cubin matches its digest."""
+    root = project / "build/small"
+    for path in root.rglob("*.json"):
+        json.loads(path.read_text())
+    manifest = json.loads((root / "manifest.json").read_text())
+    for entry in manifest["kernels"].values():
+        assert digest.of_bytes((root / entry["cubin"]).read_bytes()) == entry["cubin_digest"]
+
+
+def test_two_builds_at_once_both_finish_correct(tmp_path, nginx):
+    reference = make_project(tmp_path / "reference")
+    build(reference)
+    project = make_project(tmp_path / "p")
+    runs = [_doit_process(project, writer(nginx.url)) for _ in range(2)]
+    outputs = [r.communicate(timeout=300)[0].decode() for r in runs]
+    assert [r.returncode for r in runs] == [0, 0], outputs
+    _well_formed(project)
+    assert instance_files(project) == instance_files(reference)
+
+
+def test_a_build_killed_at_random_points_then_finished_is_bit_identical(tmp_path):
+    reference = make_project(tmp_path / "reference")
+    build(reference)
+    project = make_project(tmp_path / "p")
+    rng = random.Random(7)
+    for _ in range(5):
+        process = _doit_process(project)
+        time.sleep(rng.uniform(0.3, 2.0))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    build(project)
+    _well_formed(project)
+    assert instance_files(project) == instance_files(reference)
+
+
+def test_recache_reruns_everything_and_overwrites_bad_entries(tmp_path):
+    project = make_project(tmp_path / "p")
+    build(project)
+    for path in (project / "cache/objects").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"rot")        # every blob rotten
+    run = doit(project, "build", PROFILE, "recache=1")
+    assert run.code == 0 and run.compilations == 8
+    (project / "build").rename(project / "old-build")
+    assert build(project).compilations == 0   # the entries were rewritten whole
+
+
+def test_cache_stats_and_gc(tmp_path):
+    project = make_project(tmp_path / "p")
+    build(project)
+    stats = doit(project, "cache", "stats")
+    assert "objects" in stats.output and "last build" in stats.output and "misses" in stats.output
+    size = lambda: sum(p.stat().st_size for p in (project / "cache").glob("*/*/*"))
+    assert size() > 50_000
+    gc = doit(project, "cache", "gc", "--max-size", "50K")
+    assert gc.code in (0, None) and "removed" in gc.output and size() <= 50 * 1024
+    assert build(project).code == 0            # whatever went is rebuilt
