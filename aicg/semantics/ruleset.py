@@ -8,6 +8,7 @@ constrains) is checked here, naming the file and key that is wrong.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,13 +86,14 @@ class Rule:
     added_error: dict[str, float]                # dtype -> worst added relative error
     error: str
     ref: str
+    detect: tuple[str, ...] = ()                 # regexes revealing the rule in kernel source
 
     def as_record(self) -> dict:
         return {"summary": self.summary, "acts_on": self.acts_on, "needs": list(self.needs),
                 "requires": {k: list(v) for k, v in self.requires.items()},
                 "inexact": {k: list(v) for k, v in self.inexact.items()},
                 "deterministic": self.deterministic, "added_error": dict(self.added_error),
-                "error": self.error, "ref": self.ref}
+                "error": self.error, "ref": self.ref, "detect": list(self.detect)}
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,16 @@ def _constraints(table: tomlfile.Table, key: str, axes: dict[str, Axis]) -> dict
     return out
 
 
+def _patterns(t: tomlfile.Table) -> tuple[str, ...]:
+    patterns = tuple(t.get("detect", list, default=[], item=str))
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise t.error("detect", f"regular expressions ({err})", pattern) from None
+    return patterns
+
+
 def _added_error(t: tomlfile.Table) -> dict[str, float]:
     sub = t.table("added_error", default={})
     bounds = {dtype: sub.get(dtype, float) for dtype in sub.keys()}
@@ -228,7 +240,7 @@ def _load_rules(path: Path, axes: dict[str, Axis]) -> dict[str, Rule]:
             name, t.get("summary", str), t.get("acts_on", str, choices={"op", "reductions", "functions"}),
             tuple(t.get("needs", list, item=str)), _constraints(t, "requires", axes),
             _constraints(t, "inexact", axes), t.get("deterministic", bool), _added_error(t),
-            t.get("error", str), t.get("ref", str))
+            t.get("error", str), t.get("ref", str), _patterns(t))
         t.done()
     doc.done()
     return rules

@@ -42,8 +42,9 @@ class Layout:
     def kernels(self) -> Path: return self.root / "kernels"
 
 
-AWKWARD_SHAPES = ((3, 1), (5, 7), (37, 1000), (9, 4097))  # sizes off every block and vector width
-VALIDATION_PROTOCOL = 2
+# Sizes off every block and vector width, and many rows of a short length.
+AWKWARD_SHAPES = ((3, 1), (5, 7), (37, 1000), (9, 4097), (3001, 33))
+VALIDATION_PROTOCOL = 3
 
 
 @dataclass
@@ -137,7 +138,8 @@ def _compile_step(cand: plan.Candidate, family, arch: str, layout: Layout) -> St
 
 def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shapes) -> Step:
     from .. import validate
-    reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(), "op": cand.op,
+    reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(),
+             "peak_bytes_per_second": hardware.fact("dram_bandwidth"), "op": cand.op,
              "dtype": cand.dtype, "params": cand.params,
              "tolerance": list(prof.preservation.tolerance[cand.dtype]),
              "deterministic": prof.preservation.axes["deterministic"],

@@ -29,4 +29,5 @@ def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, pa
     from . import check
     return check.run(cubin, op, dtype, params, tolerance=tolerance, deterministic=deterministic, bitwise=bitwise,
                      check_shapes=check_shapes, timed_shapes=timed_shapes, trials=trials,
-                     repetitions=repetitions, device=dev)
+                     repetitions=repetitions, device=dev,
+                     peak_bytes_per_second=hardware.fact("dram_bandwidth"))

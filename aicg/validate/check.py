@@ -10,6 +10,12 @@ on each input; differing bits fail it when the profile demands determinism.
 Large shapes are checked on their first ROWS_CHECKED rows: the kernel sees
 the full row length, the reference stays cheap.
 
+Every check also re-runs the kernel on new inputs without poisoning the
+output (a kernel that keeps or reads back a previous result fails), and
+compares the inputs on the device with what was uploaded (a kernel must not
+write them). A timed launch faster than the memory can move its bytes is
+rejected: its work was skipped or hidden from the timer.
+
 What the profile demands decides what passes: the bound always; identical
 bits over repeated runs and over a launch split in two where determinism is
 asked; bit equality with the operator's reference-order emulation (ops.py)
@@ -28,6 +34,7 @@ from ..ops import OPERATORS, Operator
 from ..runtime import driver
 
 ROWS_CHECKED = 256
+PLAUSIBLE_FRACTION = 1.1  # of the datasheet DRAM bandwidth: no honest launch moves its bytes faster
 POISON_BYTE = 0xFF     # all-ones bytes are a NaN in float32 and in bfloat16
 WARMUP = 3
 
@@ -80,6 +87,11 @@ class _Buffers:
             self.launch(kernel, params, split)
         driver.synchronize()
         return self.buffers["y"].download(self.dtype.storage, self.out_count)
+
+    def inputs_equal(self, inputs: dict[str, np.ndarray]) -> bool:
+        """Whether the device still holds exactly the inputs uploaded (kernels must not write them)."""
+        return all(self.buffers[n].download(a.dtype, a.size).tobytes() == np.ascontiguousarray(a).tobytes()
+                   for n, a in inputs.items())
 
     def free(self) -> None:
         for b in self.buffers.values():
@@ -137,15 +149,26 @@ def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, determinis
             first = buffers.run_poisoned(kernel, params)
             again = buffers.run_poisoned(kernel, params)
             split = buffers.run_poisoned(kernel, params, split=(rows + 1) // 2)  # another launch configuration
+            intact = buffers.inputs_equal(inputs)
             result = _compare(op, dtype, inputs, first, rows, cols, tolerance)
-            result.update(shape=[rows, cols], trial=trial,
+            # The same buffers, new inputs, no poison: a kernel that leaves a
+            # previous result in place (or reads it back) is caught here.
+            fresh = _draw(op, dtype, rows, cols, trial + 1, rng)
+            buffers.upload(fresh)
+            buffers.launch(kernel, params)
+            driver.synchronize()
+            reused = buffers.buffers["y"].download(dtype.storage, buffers.out_count)
+            result.update(shape=[rows, cols], trial=trial, input_intact=intact,
                           repeatable=first.tobytes() == again.tobytes() == split.tobytes())
             if bitwise:   # the float64 error is reported; the bits decide
                 result["bitwise_reference_order"] = _bitwise(op, dtype, inputs, first)
+                result["fresh_output"] = _bitwise(op, dtype, fresh, reused)
                 accurate = result["bitwise_reference_order"]
             else:
+                result["fresh_output"] = _compare(op, dtype, fresh, reused, rows, cols, tolerance)["within_bound"]
                 accurate = result["within_bound"]
-            result["passed"] = accurate and (result["repeatable"] or not deterministic)
+            result["passed"] = (accurate and result["fresh_output"] and intact
+                                and (result["repeatable"] or not deterministic))
             results.append(result)
     finally:
         buffers.free()
@@ -169,7 +192,7 @@ def _time_shape(kernel, op, dtype, params, shape, repetitions, flush: driver.Buf
 
 
 def run(cubin: bytes, op_name: str, dtype_name: str, params: dict, *, tolerance, deterministic, bitwise,
-        check_shapes, timed_shapes, trials, repetitions, device) -> dict:
+        check_shapes, timed_shapes, trials, repetitions, device, peak_bytes_per_second: float) -> dict:
     op, dtype = OPERATORS[op_name], DTYPES[dtype_name]
     rng = np.random.default_rng()  # fresh entropy: every validation draws new inputs
     kernel = driver.Kernel(cubin, codegen.ENTRY)
@@ -183,5 +206,10 @@ def run(cubin: bytes, op_name: str, dtype_name: str, params: dict, *, tolerance,
                 timings = [_time_shape(kernel, op, dtype, params, s, repetitions, flush, rng) for s in timed_shapes]
     finally:
         kernel.unload()
-    return {"status": "passed" if passed else "failed", "device": device.name, "checks": checks,
-            "timings": timings, "method": "CUDA events around the launch, L2 flushed, median after warm-up"}
+    # A launch that beats the memory system did not do its work where the
+    # timer could see it (skipped rows, or work hidden on another stream).
+    implausible = [t["shape"] for t in timings if t["bytes_per_second"] > PLAUSIBLE_FRACTION * peak_bytes_per_second]
+    status = "passed" if passed and not implausible else "failed"
+    return {"status": status, "device": device.name, "checks": checks, "timings": timings,
+            "implausibly_fast": implausible,
+            "method": "CUDA events around the launch, L2 flushed, median after warm-up"}
