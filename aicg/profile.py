@@ -25,6 +25,39 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Synthesis:
+    """The repair loop: proposers asked in order, for at most `rounds` rounds."""
+    proposers: tuple[str, ...]
+    rounds: int
+    llm: dict | None          # base_url, model, api_key_env, temperature, max_tokens, timeout
+
+
+PROPOSERS = {"template", "llm"}
+LLM_KEYS = {"base_url": (str, None), "model": (str, None), "api_key_env": (str, "OPENAI_API_KEY"),
+            "temperature": (float, 0.0), "max_tokens": (int, 4096), "timeout": (float, 120.0)}
+
+
+def _synthesis(doc: tomlfile.Table) -> Synthesis | None:
+    if "synthesis" not in doc:
+        return None
+    t = doc.table("synthesis")
+    proposers = tuple(t.get("proposers", list, default=["template"], item=str, choices=PROPOSERS))
+    rounds = t.get("rounds", int, default=3)
+    if rounds < 1:
+        raise t.error("rounds", "an integer >= 1", rounds)
+    llm = None
+    if "llm" in proposers:
+        lt = t.table("llm")
+        llm = {key: lt.get(key, kind) if default is None else lt.get(key, kind, default=default)
+               for key, (kind, default) in LLM_KEYS.items()}
+        lt.done()
+    elif "llm" in t:
+        raise t.error("llm", "no [synthesis.llm] table unless proposers lists \"llm\"")
+    t.done()
+    return Synthesis(proposers, rounds, llm)
+
+
+@dataclass(frozen=True)
 class Profile:
     path: Path
     name: str
@@ -36,6 +69,7 @@ class Profile:
     timing_repetitions: int
     workload: dict[str, Workload]
     cache: dict          # store settings of the profile's [cache] table (see aicg/config.py)
+    synthesis: Synthesis | None = None
 
 
 def _shapes(table: tomlfile.Table) -> tuple[tuple[int, int], ...]:
@@ -104,6 +138,7 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     validation.done()
 
     cache = config.settings(doc.table("cache", default={}))
+    synthesis = _synthesis(doc)
     workload = _workload(doc, ruleset)
     for op, w in workload.items():
         missing = [d for d in w.dtypes if d not in tolerance]
@@ -112,4 +147,4 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     doc.done()
     return Profile(path, name, target, Preservation(preset_name, axes, tolerance),
                    RuleChoice(forbid, frozenset(select) if select is not None else None),
-                   per_family, trials, repetitions, workload, cache)
+                   per_family, trials, repetitions, workload, cache, synthesis)

@@ -12,8 +12,21 @@ def _decision_lines(name: str, decision: Decision, summary: str, indent: str) ->
     return lines
 
 
-def explain(legalities: dict[str, Legality], ruleset, pres: Preservation, chosen: dict | None = None) -> str:
-    """Text for one operator: legalities maps dtype -> Legality; chosen maps dtype -> manifest entry."""
+def _trajectory_lines(trajectory: list) -> list[str]:
+    lines = ["  synthesis:"]
+    for record in trajectory:
+        p = record.get("proposal") or {}
+        what = p.get("candidate") or (f"{p.get('kind')} proposal" if p else "no proposal")
+        lines.append(f"    round {record['round']} ({p.get('proposer', '-')}, {what}): {record['outcome']}"
+                     + (f" - {record['feedback']}" if record.get("feedback") else ""))
+        lines += [f"        {note}" for note in record.get("notes", [])]
+    return lines
+
+
+def explain(legalities: dict[str, Legality], ruleset, pres: Preservation, chosen: dict | None = None,
+            trajectories: dict | None = None) -> str:
+    """Text for one operator: legalities maps dtype -> Legality; chosen maps dtype -> manifest entry;
+    trajectories maps dtype -> the synthesis loop's rounds."""
     first = next(iter(legalities.values()))
     op = ruleset.ops[first.op]
     axes = ", ".join(f"{k} = {v!r}" for k, v in sorted(pres.axes.items()))
@@ -30,6 +43,8 @@ def explain(legalities: dict[str, Legality], ruleset, pres: Preservation, chosen
             lines += _decision_lines(name, decision, "", "    ")
         if legality.hint:
             lines += ["  hint:", f"    {legality.hint}"]
+        if (trajectories or {}).get(dtype):
+            lines += _trajectory_lines(trajectories[dtype])
         entry = (chosen or {}).get(dtype)
         if entry:
             time = f", {entry['measured_seconds'] * 1e6:.1f} us" if entry.get("measured_seconds") else ""

@@ -98,7 +98,8 @@ def _explain(instance: graph.Instance):
         if name not in rules.ops:
             return TaskFailed(f"op={name}: expected an operator of the atlas (one of: {', '.join(rules.ops)})")
     manifest_path = instance.env.instance_dir / "manifest.json"
-    kernels = json.loads(manifest_path.read_text())["kernels"] if manifest_path.exists() else {}
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    kernels, synthesis = manifest.get("kernels", {}), manifest.get("synthesis", {})
     for name in op_names:
         in_workload = prof.workload[name].dtypes if name in prof.workload else ("float32",)
         dtypes = [get_var("dtype")] if get_var("dtype") else list(in_workload)
@@ -107,7 +108,8 @@ def _explain(instance: graph.Instance):
                 return TaskFailed(f"dtype={dtype}: expected one of {', '.join(DTYPES)}")
         decided = legality.decide_all(name, dtypes, rules, prof.preservation, prof.choice)
         chosen = {d: kernels.get(f"{name}.{d}") for d in dtypes}
-        print(explain.explain(decided, rules, prof.preservation, chosen))
+        trajectories = {d: synthesis.get(f"{name}.{d}") for d in dtypes}
+        print(explain.explain(decided, rules, prof.preservation, chosen, trajectories))
 
 
 def _explore(instance: graph.Instance):

@@ -12,6 +12,7 @@ tensor-core throughput leaves it untouched.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,43 +137,83 @@ def _compile_step(cand: plan.Candidate, family, arch: str, layout: Layout) -> St
                 upstream=(f"codegen:{cand.id}",), targets=(cubin, report))
 
 
+VALIDATE_CODE = ("validate/__init__.py", "validate/check.py", "runtime/driver.py", "ops.py", "dtypes.py", "codegen.py")
+
+
+def _validation(prof, hardware: hw.Hardware, op: str, dtype: str, timed_shapes):
+    """(what a validation reads, a function cubin, params -> outcome) for one operator and dtype."""
+    from .. import validate
+    settings = {"tolerance": prof.preservation.tolerance[dtype],
+                "deterministic": prof.preservation.axes["deterministic"],
+                "bitwise": prof.preservation.axes["order"] == "reference",
+                "check_shapes": AWKWARD_SHAPES + tuple(timed_shapes), "timed_shapes": tuple(timed_shapes),
+                "trials": prof.validation_trials, "repetitions": prof.timing_repetitions}
+    reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(),
+             "peak_bytes_per_second": hardware.fact("dram_bandwidth"), "op": op, "dtype": dtype, **settings}
+    return reads, lambda cubin, params: validate.validate_on_device(cubin, hardware, op, dtype, params, **settings)
+
+
 def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shapes) -> Step:
     from .. import validate
-    reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(),
-             "peak_bytes_per_second": hardware.fact("dram_bandwidth"), "op": cand.op,
-             "dtype": cand.dtype, "params": cand.params,
-             "tolerance": list(prof.preservation.tolerance[cand.dtype]),
-             "deterministic": prof.preservation.axes["deterministic"],
-             "bitwise": prof.preservation.axes["order"] == "reference",
-             "check_shapes": [list(s) for s in AWKWARD_SHAPES + timed_shapes],
-             "timed_shapes": [list(s) for s in timed_shapes], "trials": prof.validation_trials,
-             "repetitions": prof.timing_repetitions}
+    reads, check = _validation(prof, hardware, cand.op, cand.dtype, timed_shapes)
     cubin, out = f"cubin/{cand.id}.cubin", f"validation/{cand.id}.json"
 
     def run(ctx) -> Result:
-        binary = ctx.upstream(f"compile:{cand.id}", cubin)
-        outcome = validate.validate_on_device(binary, hardware, cand.op, cand.dtype, cand.params,
-                                              tolerance=prof.preservation.tolerance[cand.dtype],
-                                              deterministic=prof.preservation.axes["deterministic"],
-                                              bitwise=prof.preservation.axes["order"] == "reference",
-                                              check_shapes=AWKWARD_SHAPES + timed_shapes,
-                                              timed_shapes=timed_shapes, trials=prof.validation_trials,
-                                              repetitions=prof.timing_repetitions)
+        outcome = check(ctx.upstream(f"compile:{cand.id}", cubin), cand.params)
         return Result({out: to_json(outcome)}, cache=outcome["status"] != "unvalidated")
 
     return Step(f"validate:{cand.id}", f"check {cand.id} against float64 on {hardware.name}, and time it",
-                reads, run, ("validate/__init__.py", "validate/check.py", "runtime/driver.py", "ops.py", "dtypes.py", "codegen.py"),
+                {**reads, "params": cand.params}, run, VALIDATE_CODE,
                 upstream=(f"compile:{cand.id}",), targets=(out,), local_state=validate.local_device_state)
 
 
-def _select_step(op: str, work, candidates) -> Step:
-    upstream = (f"plan:{op}", *(f"validate:{c.id}" for c in candidates), *(f"compile:{c.id}" for c in candidates))
+def _synthesis_steps(op: str, dtype: str, rules, prof, hardware, layout, work, hw_facts, decided) -> list[Step]:
+    from .. import validate
+    from ..synth import loop
+    from ..synth.llm import LLMProposer, LLMSettings
+    from ..synth.template import TemplateProposer
+    pool = plan.plan_op(op, {dtype: decided[dtype]}, rules.families_of(op), (dtype,), work.shapes, hw_facts, 10**6)
+    families_rules = {f.name: f.rules for f in rules.families_of(op)}
+    allowed = {r: rules.rules[r].summary for r in loop._legal_rules(rules, prof, op, dtype)}
+    synthesis = prof.synthesis
+
+    def make_proposers(env):
+        made = {"template": lambda: TemplateProposer(pool, families_rules),
+                "llm": lambda: LLMProposer(LLMSettings(**synthesis.llm), env.store, rules.ops[op].form, allowed)}
+        return [made[name]() for name in synthesis.proposers]
+
+    val_reads, check = _validation(prof, hardware, op, dtype, work.shapes)
+    llm = {k: v for k, v in (synthesis.llm or {}).items() if k not in ("base_url", "api_key_env", "timeout")}
+    headers = {}
+    for header in {f.header for f in rules.families_of(op)} | set(loop.proposals.SKELETON_HEADERS):
+        headers.update(nvrtc.include_closure(header, layout.kernels))
+    reads = {"op": rules.ops[op].as_record(rules), "legality": decided[dtype].as_record(),
+             "allowed": allowed, "proposers": list(synthesis.proposers), "llm": llm,
+             "pool": [c.as_record() for c in pool], "validation": val_reads, "arch": hardware.arch,
+             "toolchain": toolchain.identity(), "headers": {n: digest.of_bytes(d) for n, d in sorted(headers.items())}}
+    code = ("synth/loop.py", "synth/proposal.py", "synth/template.py", "synth/llm.py", "nvrtc.py", "codegen.py",
+            *VALIDATE_CODE)
+    steps = loop.round_steps(op, dtype, prof, rules, hardware, layout, make_proposers,
+                             lambda o, d: check, pool, code, reads)
+    return [dataclasses.replace(s, local_state=validate.local_device_state) for s in steps]
+
+
+def last_round(op: str, dtype: str, prof) -> str | None:
+    return f"synth:{op}.{dtype}.{prof.synthesis.rounds - 1}" if prof.synthesis else None
+
+
+def _select_step(op: str, work, candidates, prof) -> Step:
+    rounds = {d: last_round(op, d, prof) for d in work.dtypes} if prof.synthesis else {}
+    upstream = (f"plan:{op}", *(f"validate:{c.id}" for c in candidates), *(f"compile:{c.id}" for c in candidates),
+                *rounds.values())
     out = f"select/{op}.json"
 
     def run(ctx) -> Result:
         results = {c.id: json.loads(ctx.upstream(f"validate:{c.id}", f"validation/{c.id}.json")) for c in candidates}
         reports = {c.id: json.loads(ctx.upstream(f"compile:{c.id}", f"cubin/{c.id}.json")) for c in candidates}
-        return Result({out: to_json(packaging.select(op, work.dtypes, candidates, results, reports))})
+        trajectories = {d: json.loads(ctx.upstream(step, f"synth/{op}.{d}.{prof.synthesis.rounds - 1}.json"))
+                        for d, step in rounds.items()}
+        return Result({out: to_json(packaging.select(op, work.dtypes, candidates, results, reports, trajectories))})
 
     return Step(f"select:{op}", f"choose the fastest valid candidate of {op} per dtype", {"op": op, "dtypes": list(work.dtypes)},
                 run, ("tasks/package.py",), upstream=upstream, targets=(out,))
@@ -198,6 +239,10 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
             family = rules.families[cand.family]
             steps += [_codegen_step(cand, family), _compile_step(cand, family, hardware.arch, layout),
                       _validate_step(cand, hardware, prof, work.shapes)]
-        steps.append(_select_step(op, work, candidates))
-    steps.append(packaging.package_step(prof, hardware, planned))
+        if prof.synthesis:
+            for dtype in work.dtypes:
+                if decided[dtype].legal_families():
+                    steps += _synthesis_steps(op, dtype, rules, prof, hardware, layout, work, hw_facts, decided)
+        steps.append(_select_step(op, work, candidates, prof))
+    steps.append(packaging.package_step(prof, hardware, planned, rules))
     return Instance(rules, layout, prof, hardware, steps, env)

@@ -13,6 +13,7 @@ import math
 
 from .. import codegen, digest, toolchain
 from ..ops import OPERATORS
+from ..semantics.legality import decide_rule
 from .step import Result, Step
 from . import summary
 
@@ -21,10 +22,23 @@ def _geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def select(op: str, dtypes, candidates, results: dict, reports: dict) -> dict:
+def _synthesized_row(op: str, dtype: str, trajectory: list) -> dict | None:
+    """The synthesis loop's result as one more candidate, if its last round was accepted."""
+    last = trajectory[-1] if trajectory else None
+    if not last or last["outcome"] != "accepted":
+        return None
+    proposal, timings = last["proposal"], last["validation"]["timings"]
+    return {"id": f"synth:{op}.{dtype}", "family": proposal.get("family") or f"proposal ({proposal['proposer']})",
+            "params": proposal["params"], "status": "passed", "reason": None, "predicted_seconds": None,
+            "measured_seconds": _geomean([t["median_seconds"] for t in timings]),
+            "resources": last["resources"], "round": last["round"]}
+
+
+def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectories: dict | None = None) -> dict:
     out = {"op": op, "dtypes": {}}
     for dtype in dtypes:
         rows = []
+        synthesized = _synthesized_row(op, dtype, (trajectories or {}).get(dtype, []))
         for c in (c for c in candidates if c.dtype == dtype):
             res = results[c.id]
             timings = res.get("timings") or []
@@ -32,6 +46,7 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict) -> dict:
                          "reason": res.get("reason"), "predicted_seconds": c.score,
                          "measured_seconds": _geomean([t["median_seconds"] for t in timings]) if timings else None,
                          "resources": reports[c.id]["resources"]})
+        rows += [synthesized] if synthesized else []
         passed = [r for r in rows if r["status"] == "passed" and r["measured_seconds"]]
         unvalidated = [r for r in rows if r["status"] == "unvalidated"]
         if passed:
@@ -40,24 +55,51 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict) -> dict:
             chosen, basis = min(unvalidated, key=lambda r: (r["predicted_seconds"], r["id"])), "best predicted; not validated on the target"
         else:
             chosen, basis = None, ("no candidate passed validation" if rows else "no legal candidate")
+        if trajectories and dtype in trajectories:
+            out.setdefault("synthesis", {})[dtype] = trajectories[dtype]
         out["dtypes"][dtype] = {"chosen": chosen["id"] if chosen else None,
                                 "status": chosen["status"] if chosen else None,
                                 "basis": basis, "candidates": rows}
     return out
 
 
-def package_step(prof, hardware, planned: dict) -> Step:
+def _chosen_kernel(ctx, prof, ruleset, op: str, dtype: str, pick: dict, by_id: dict, legality) -> tuple[bytes, dict]:
+    """(cubin, manifest fields) of the chosen candidate: a planned one or the synthesis loop's."""
+    row = next(r for r in pick["candidates"] if r["id"] == pick["chosen"])
+    if pick["chosen"].startswith("synth:"):
+        last = prof.synthesis.rounds - 1
+        trajectory = json.loads(ctx.upstream(f"synth:{op}.{dtype}.{last}", f"synth/{op}.{dtype}.{last}.json"))
+        cubin = ctx.upstream(f"synth:{op}.{dtype}.{last}", f"synth/{op}.{dtype}.{last}.cubin")
+        proposal = trajectory[-1]["proposal"]
+        why = {r: decide_rule(ruleset.rules[r], ruleset.ops[op], dtype, ruleset, prof.preservation,
+                              prof.choice).as_record()["facts"] for r in proposal["declares"]}
+        return cubin, {"candidate": pick["chosen"], "family": row["family"], "params": proposal["params"],
+                       "rules": proposal["declares"], "resources": row["resources"],
+                       "why": {"family": [{"text": f"proposed by {proposal['proposer']} in round {trajectory[-1]['round']}, "
+                                                   f"checked, compiled and validated like any candidate"}], "rules": why}}
+    cand = by_id[pick["chosen"]]
+    report = json.loads(ctx.upstream(f"compile:{cand.id}", f"cubin/{cand.id}.json"))
+    return ctx.upstream(f"compile:{cand.id}", f"cubin/{cand.id}.cubin"), {
+        "candidate": cand.id, "family": cand.family, "params": cand.params, "rules": list(cand.rules),
+        "resources": report["resources"],
+        "why": {"family": legality.families[cand.family].as_record()["facts"],
+                "rules": {r: legality.rules[r].as_record()["facts"] for r in cand.rules}}}
+
+
+def package_step(prof, hardware, planned: dict, ruleset) -> Step:
     """planned: op -> ({dtype: Legality}, [Candidate])."""
     all_candidates = [c for _, cands in planned.values() for c in cands]
+    rounds = [f"synth:{op}.{d}.{prof.synthesis.rounds - 1}" for op in planned for d in prof.workload[op].dtypes
+              if planned[op][0][d].legal_families()] if prof.synthesis else []
     upstream = (f"hw:{hardware.target}", *(f"legality:{op}" for op in planned), *(f"plan:{op}" for op in planned),
-                *(f"select:{op}" for op in planned), *(f"compile:{c.id}" for c in all_candidates))
+                *(f"select:{op}" for op in planned), *(f"compile:{c.id}" for c in all_candidates), *rounds)
     reads = {"instance": prof.name, "target": hardware.identity(), "preservation": prof.preservation.as_record(),
              "toolchain": toolchain.identity(), "workload": {op: {"dtypes": list(w.dtypes), "shapes": [list(s) for s in w.shapes]}
                                                             for op, w in prof.workload.items()}}
 
     def run(ctx) -> Result:
         outputs: dict[str, bytes] = {}
-        kernels, unavailable = {}, {}
+        kernels, unavailable, synthesis = {}, {}, {}
         for op, (legalities, cands) in planned.items():
             by_id = {c.id: c for c in cands}
             selection = json.loads(ctx.upstream(f"select:{op}", f"select/{op}.json"))
@@ -65,28 +107,24 @@ def package_step(prof, hardware, planned: dict) -> Step:
                 legality = legalities[dtype]
                 pick = selection["dtypes"][dtype]
                 name = f"{op}.{dtype}"
+                if dtype in selection.get("synthesis", {}):
+                    synthesis[name] = selection["synthesis"][dtype]
                 if pick["chosen"] is None:
                     unavailable[name] = legality.hint or pick["basis"]
                     continue
-                cand = by_id[pick["chosen"]]
-                cubin = ctx.upstream(f"compile:{cand.id}", f"cubin/{cand.id}.cubin")
-                report = json.loads(ctx.upstream(f"compile:{cand.id}", f"cubin/{cand.id}.json"))
+                cubin, fields = _chosen_kernel(ctx, prof, ruleset, op, dtype, pick, by_id, legality)
                 path = f"kernels/{name}.cubin"
                 outputs[path] = cubin
-                row = next(r for r in pick["candidates"] if r["id"] == cand.id)
+                row = next(r for r in pick["candidates"] if r["id"] == pick["chosen"])
                 kernels[name] = {
-                    "op": op, "dtype": dtype, "candidate": cand.id, "family": cand.family, "params": cand.params,
-                    "rules": list(cand.rules), "cubin": path, "cubin_digest": digest.of_bytes(cubin),
+                    "op": op, "dtype": dtype, **fields, "cubin": path, "cubin_digest": digest.of_bytes(cubin),
                     "entry": codegen.ENTRY, "arguments": OPERATORS[op].argument_names(),
-                    "scalars": dict(OPERATORS[op].scalars), "resources": report["resources"],
+                    "scalars": dict(OPERATORS[op].scalars),
                     "validation": pick["status"], "basis": pick["basis"],
                     "measured_seconds": row["measured_seconds"], "predicted_seconds": row["predicted_seconds"],
-                    "legal_families": legality.legal_families(),
-                    "why": {"family": legality.families[cand.family].as_record()["facts"],
-                            "rules": {r: legality.rules[r].as_record()["facts"] for r in cand.rules}},
-                    "considered": len(pick["candidates"]),
+                    "legal_families": legality.legal_families(), "considered": len(pick["candidates"]),
                 }
-        manifest = {"schema": 1, **reads, "kernels": kernels, "unavailable": unavailable,
+        manifest = {"schema": 1, **reads, "kernels": kernels, "unavailable": unavailable, "synthesis": synthesis,
                     "inputs": {name: ctx.env.receipt(name)["key"] for name in upstream}}
         outputs["manifest.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
         outputs["report.md"] = summary.report(manifest).encode()
