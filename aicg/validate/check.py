@@ -123,10 +123,11 @@ def _compare(op: Operator, dtype: DType, inputs, stored: np.ndarray, rows, cols,
     bound = atol + rtol * scale
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(bound > 0, err / np.where(bound > 0, bound, 1), np.where(err > 0, np.inf, 0.0))
-    ratio = np.where(np.isnan(ref) & np.isnan(y), 0.0, ratio)
-    worst = float(np.nanmax(ratio)) if ratio.size else 0.0
-    return {"unwritten": unwritten, "worst_error_over_bound": worst,
-            "max_abs_error": float(np.nanmax(err)) if err.size else 0.0,
+    # NaN where the reference has one is right; NaN anywhere else is as wrong as can be
+    ratio = np.where(np.isnan(ref) & np.isnan(y), 0.0, np.where(np.isnan(ratio), np.inf, ratio))
+    err = np.where(np.isnan(err) & ~np.isnan(ref), np.inf, np.nan_to_num(err, nan=0.0))
+    return {"unwritten": unwritten, "worst_error_over_bound": float(ratio.max()) if ratio.size else 0.0,
+            "max_abs_error": float(err.max()) if err.size else 0.0,
             "within_bound": unwritten == 0 and bool(np.all(ratio <= 1.0))}
 
 

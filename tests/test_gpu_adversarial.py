@@ -1,0 +1,133 @@
+"""GPU: validation that cannot be fooled, and the full repair loop.
+
+Each kernel below is wrong in one of the ways weak validation lets through;
+validation (under the deterministic preset) must reject every one and accept
+the correct ones. Skipped without an H200; run with `pytest -m gpu`.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aicg import hw, nvrtc
+from aicg.runtime import driver
+from aicg.semantics import ruleset as ruleset_loader
+from aicg.synth import proposal as proposals
+from doit_project import REPO, doit, make_project
+from llm_server import BROKEN, CORRECT, WRONG, ChatServer, answer
+
+pytestmark = pytest.mark.gpu
+DEVICE = driver.probe_device()
+needs_h200 = pytest.mark.skipif(DEVICE is None or DEVICE.name != "NVIDIA H200", reason="needs an NVIDIA H200")
+
+SUM = """
+using G = aicg::RowGroup<THREADS, TOPOLOGY>;
+const long long row = G::row();
+{guard}
+const T* xr = x + row * cols;
+float acc = 0.0f;
+aicg::for_each<1>(xr, cols, G::lane(), G::lanes, false, [&](int j, float v) {{ {accumulate} }});
+acc = aicg::row_reduce<THREADS, TOPOLOGY>(acc, aicg::Sum());
+if (G::lane() == 0) {{ {store} }}
+"""
+
+
+def body(guard="if (row >= rows) return;", accumulate="acc += v;", store="y[row] = acc;"):
+    return SUM.format(guard=guard, accumulate=accumulate, store=store)
+
+
+RACY = """
+using G = aicg::RowGroup<THREADS, TOPOLOGY>;
+const long long row = G::row();
+if (row >= rows) return;
+float acc = 0.0f;
+aicg::for_each<1>(x + row * cols, cols, G::lane(), G::lanes, false, [&](int, float v) { acc += v; });
+if (G::lane() == 0) y[row] = 0.0f;   // no barrier: other threads may add before this store
+atomicAdd(&y[row], acc);
+"""
+
+WRONG_KERNELS = {
+    "writes nothing": "return;",
+    "writes a constant": body(store="y[row] = 0.0f;"),
+    "computes only the first rows": body(guard="if (row >= rows || row >= 4) return;"),
+    "computes only the first block": body(guard="if (row >= rows || blockIdx.x != 0) return;"),
+    "keeps a previous result": body(guard="if (row >= rows || y[row] == y[row]) return;"),   # skips unless poisoned
+    "races between threads": RACY,
+    "right only on its tuned sizes": body(accumulate="if (j < cols - cols % 32) acc += v;"),
+    "modifies its input": body(store="y[row] = acc; const_cast<T*>(xr)[0] = 0.0f;"),
+    "does no work where the timer looks": body(guard="if (row >= rows || rows > 4000) return;"),
+}
+
+PARAMS = {"threads": 256, "topology": "block"}
+
+
+def _validate(body_text: str):
+    from aicg.validate import validate_on_device
+    rules = ruleset_loader.load(REPO / "rulesets")
+    p = proposals.Proposal("test", "source", (), PARAMS, body=body_text)
+    source, main = proposals.render(p, "row_sum", "float32", rules, "adversarial")
+    headers = {}
+    for h in proposals.headers_for(p, main):
+        headers.update(nvrtc.include_closure(h, REPO / "kernels"))
+    cubin, _, _ = nvrtc.compile_cubin(source, "adversarial.cu", headers, "sm_90")
+    return validate_on_device(cubin, hw.load(REPO / "hwdb/h200.toml"), "row_sum", "float32", PARAMS,
+                              tolerance=(1e-5, 1e-7), deterministic=True, bitwise=False,
+                              check_shapes=[(3, 1), (5, 7), (37, 1000), (9, 4097), (3001, 33), (64, 4096)],
+                              timed_shapes=[(32768, 4096)], trials=2, repetitions=5)
+
+
+@needs_h200
+@pytest.mark.parametrize("name", sorted(WRONG_KERNELS))
+def test_validation_rejects(name):
+    result = _validate(WRONG_KERNELS[name])
+    assert result["status"] == "failed", (name, result)
+
+
+@needs_h200
+def test_validation_accepts_a_correct_kernel():
+    result = _validate(body())
+    assert result["status"] == "passed", [c for c in result["checks"] if not c["passed"]][:2]
+    assert result["timings"] and not result["implausibly_fast"]
+
+
+SYNTH = """
+[instance]
+name = "small"
+target = "h200"
+preservation = "tolerance"
+
+[plan]
+candidates_per_family = 1
+
+[synthesis]
+proposers = ["llm", "template"]
+rounds = 3
+
+[synthesis.llm]
+base_url = "{url}"
+model = "recorded-model"
+
+[[workload]]
+ops = ["softmax"]
+dtypes = ["float32"]
+shapes = [[2048, 4096]]
+"""
+
+
+@needs_h200
+def test_the_loop_repairs_a_failing_proposal_into_a_valid_kernel(tmp_path):
+    server = ChatServer([answer(BROKEN), answer(WRONG), answer(CORRECT)])
+    try:
+        project = make_project(tmp_path / "p", SYNTH.format(url=server.url))
+        run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    finally:
+        server.stop()
+    assert run.code == 0, run.output
+    manifest = json.loads((project / "build/small/manifest.json").read_text())
+    rounds = manifest["synthesis"]["softmax.float32"]
+    assert [r["outcome"] for r in rounds] == ["compile_error", "invalid", "accepted"]
+    assert "error/bound" in rounds[1]["feedback"]          # the validation statistics were fed back
+    selection = json.loads((project / "build/small/select/softmax.json").read_text())
+    assert any(r["id"] == "synth:softmax.float32" and r["status"] == "passed"
+               for r in selection["dtypes"]["float32"]["candidates"])
