@@ -17,49 +17,99 @@ __device__ __forceinline__ bool rows_vectorisable(int cols, const T* a, const T*
   return cols % V == 0 && (bits & mask) == 0;
 }
 
+// Loads issued before the first of them is used: enough bytes in flight per
+// thread to cover DRAM latency at the occupancies the planner picks. Each
+// lane still meets its elements in increasing order, so results do not
+// depend on UNROLL.
+constexpr int UNROLL = 4;
+
 // f(j, x_j) for every element j of the row that this lane owns.
 template <int V, typename T, typename F>
 __device__ __forceinline__ void for_each(const T* __restrict__ row, int cols, int lane, int lanes,
                                          bool vectorised, F&& f) {
   if (V > 1 && vectorised) {
     const int packs = cols / V;
-    for (int i = lane; i < packs; i += lanes) {
+    int i = lane;
+    for (; i + (UNROLL - 1) * lanes < packs; i += UNROLL * lanes) {
+      Pack<T, V> p[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) p[u] = load_pack<V>(row + (long long)(i + u * lanes) * V);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int k = 0; k < V; ++k) f((i + u * lanes) * V + k, to_float(p[u].v[k]));
+    }
+    for (; i < packs; i += lanes) {
       const Pack<T, V> p = load_pack<V>(row + (long long)i * V);
 #pragma unroll
       for (int k = 0; k < V; ++k) f(i * V + k, to_float(p.v[k]));
     }
   } else {
-    for (int j = lane; j < cols; j += lanes) f(j, to_float(row[j]));
+    int j = lane;
+    for (; j + (UNROLL - 1) * lanes < cols; j += UNROLL * lanes) {
+      T v[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) v[u] = row[j + u * lanes];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) f(j + u * lanes, to_float(v[u]));
+    }
+    for (; j < cols; j += lanes) f(j, to_float(row[j]));
   }
 }
 
-// y_j = g(j, x_j, w_j, b_j) for the lane's elements; w and b are per-column
-// vectors (length cols) and may be null, in which case g sees 1 and 0.
+// y_j = g(j, x_j, w_j, b_j) for the elements of pack i; w and b may be null
+// (per-column vectors), in which case g sees 1 and 0.
+template <int V, typename T, typename G>
+__device__ __forceinline__ Pack<T, V> map_pack(const Pack<T, V>& px, const T* __restrict__ w,
+                                               const T* __restrict__ b, long long at, G& g) {
+  Pack<T, V> pw, pb, py;
+  if (w) pw = load_pack<V>(w + at);
+  if (b) pb = load_pack<V>(b + at);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float wk = w ? to_float(pw.v[k]) : 1.0f;
+    const float bk = b ? to_float(pb.v[k]) : 0.0f;
+    py.v[k] = from_float<T>(g((int)at + k, to_float(px.v[k]), wk, bk));
+  }
+  return py;
+}
+
+// y_j = g(j, x_j, w_j, b_j) for the lane's elements of the row.
 template <int V, typename T, typename G>
 __device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __restrict__ w,
                                         const T* __restrict__ b, T* __restrict__ y, int cols,
                                         int lane, int lanes, bool vectorised, G&& g) {
   if (V > 1 && vectorised) {
     const int packs = cols / V;
-    for (int i = lane; i < packs; i += lanes) {
-      const long long at = (long long)i * V;
-      const Pack<T, V> px = load_pack<V>(x + at);
-      Pack<T, V> pw, pb, py;
-      if (w) pw = load_pack<V>(w + at);
-      if (b) pb = load_pack<V>(b + at);
+    int i = lane;
+    for (; i + (UNROLL - 1) * lanes < packs; i += UNROLL * lanes) {
+      Pack<T, V> px[UNROLL];
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float wk = w ? to_float(pw.v[k]) : 1.0f;
-        const float bk = b ? to_float(pb.v[k]) : 0.0f;
-        py.v[k] = from_float<T>(g(i * V + k, to_float(px.v[k]), wk, bk));
+      for (int u = 0; u < UNROLL; ++u) px[u] = load_pack<V>(x + (long long)(i + u * lanes) * V);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const long long at = (long long)(i + u * lanes) * V;
+        store_pack<V>(y + at, map_pack<V>(px[u], w, b, at, g));
       }
-      store_pack<V>(y + at, py);
+    }
+    for (; i < packs; i += lanes) {
+      const long long at = (long long)i * V;
+      store_pack<V>(y + at, map_pack<V>(load_pack<V>(x + at), w, b, at, g));
     }
   } else {
-    for (int j = lane; j < cols; j += lanes) {
-      const float wj = w ? to_float(w[j]) : 1.0f;
-      const float bj = b ? to_float(b[j]) : 0.0f;
-      y[j] = from_float<T>(g(j, to_float(x[j]), wj, bj));
+    int j = lane;
+    for (; j + (UNROLL - 1) * lanes < cols; j += UNROLL * lanes) {
+      T v[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) v[u] = x[j + u * lanes];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int at = j + u * lanes;
+        y[at] = from_float<T>(g(at, to_float(v[u]), w ? to_float(w[at]) : 1.0f, b ? to_float(b[at]) : 0.0f));
+      }
+    }
+    for (; j < cols; j += lanes) {
+      y[j] = from_float<T>(g(j, to_float(x[j]), w ? to_float(w[j]) : 1.0f, b ? to_float(b[j]) : 0.0f));
     }
   }
 }
