@@ -1,6 +1,5 @@
 import dataclasses
 import math
-from collections import Counter
 
 import pytest
 

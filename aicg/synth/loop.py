@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from .. import codegen, nvrtc
+from .. import nvrtc
 from ..errors import CompileError
 from ..plan import Candidate
 from ..semantics.legality import decide_rule
@@ -32,10 +32,10 @@ def _outcome(record: dict, outcome: str, feedback: str, **extra) -> dict:
     return {**record, "outcome": outcome, "feedback": feedback, **extra}
 
 
-def run_round(k: int, trajectory: list, env, proposers, ruleset, prof, op: str, dtype: str, hardware,
-              kernels_dir, validate, shapes, predicted: dict[str, float]) -> tuple[list, bytes | None, bool]:
-    """(trajectory, cubin or None, cacheable) after round k."""
-    request = proposals.Request(op, dtype, k, tuple(_legal_rules(ruleset, prof, op, dtype)), tuple(trajectory))
+def run_round(k: int, trajectory: list, proposers, ruleset, prof, op: str, dtype: str, hardware,
+              kernels_dir, validate, predicted: dict[str, float]) -> tuple[list, bytes | None, bool]:
+    """(trajectory, cubin or None, cacheable) after round k; `validate(cubin, params)` judges a kernel."""
+    request = proposals.Request(op, dtype, k, tuple(legal_rules(ruleset, prof, op, dtype)), tuple(trajectory))
     notes, proposal = [], None
     for proposer in proposers:
         proposal, note = proposer.propose(request)
@@ -84,16 +84,12 @@ def run_round(k: int, trajectory: list, env, proposers, ruleset, prof, op: str, 
     return trajectory + [_outcome(record, "accepted", "valid", measured_seconds=measured)], cubin, True
 
 
-def _legal_rules(ruleset, prof, op, dtype) -> list[str]:
+def legal_rules(ruleset, prof, op, dtype) -> list[str]:
     return [name for name, rule in ruleset.rules.items()
             if decide_rule(rule, ruleset.ops[op], dtype, ruleset, prof.preservation, prof.choice).legal]
 
 
-def final(trajectory: list) -> dict | None:
-    return trajectory[-1] if trajectory else None
-
-
-def round_steps(op: str, dtype: str, prof, ruleset, hardware, layout, make_proposers, validate_factory,
+def round_steps(op: str, dtype: str, prof, ruleset, hardware, layout, make_proposers, validate,
                 pool: list[Candidate], code: tuple[str, ...], reads: dict) -> list[Step]:
     """The chain synth:<op>.<dtype>.0 .. .{rounds-1}; each round reads the one before."""
     steps = []
@@ -115,9 +111,8 @@ def round_steps(op: str, dtype: str, prof, ruleset, hardware, layout, make_propo
                 if cubin is not None:
                     outputs[cubin_out] = cubin
                 return Result(outputs, cache=trajectory[-1]["outcome"] != "unvalidated")
-            trajectory, cubin, cacheable = run_round(k, trajectory, ctx.env, make_proposers(ctx.env), ruleset, prof,
-                                                     op, dtype, hardware, layout.kernels, validate_factory(op, dtype),
-                                                     None, predicted)
+            trajectory, cubin, cacheable = run_round(k, trajectory, make_proposers(ctx.env), ruleset, prof,
+                                                     op, dtype, hardware, layout.kernels, validate, predicted)
             outputs = {out: _to_json(trajectory)}
             if cubin is not None and trajectory[-1]["outcome"] == "accepted":
                 outputs[cubin_out] = cubin

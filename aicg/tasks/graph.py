@@ -171,10 +171,11 @@ def _synthesis_steps(op: str, dtype: str, rules, prof, hardware, layout, work, h
     from .. import validate
     from ..synth import loop
     from ..synth.llm import LLMProposer, LLMSettings
+    from ..synth.proposal import SKELETON_HEADERS
     from ..synth.template import TemplateProposer
     pool = plan.plan_op(op, {dtype: decided[dtype]}, rules.families_of(op), (dtype,), work.shapes, hw_facts, 10**6)
     families_rules = {f.name: f.rules for f in rules.families_of(op)}
-    allowed = {r: rules.rules[r].summary for r in loop._legal_rules(rules, prof, op, dtype)}
+    allowed = {r: rules.rules[r].summary for r in loop.legal_rules(rules, prof, op, dtype)}
     synthesis = prof.synthesis
 
     def make_proposers(env):
@@ -185,7 +186,7 @@ def _synthesis_steps(op: str, dtype: str, rules, prof, hardware, layout, work, h
     val_reads, check = _validation(prof, hardware, op, dtype, work.shapes)
     llm = {k: v for k, v in (synthesis.llm or {}).items() if k not in ("base_url", "api_key_env", "timeout")}
     headers = {}
-    for header in {f.header for f in rules.families_of(op)} | set(loop.proposals.SKELETON_HEADERS):
+    for header in {f.header for f in rules.families_of(op)} | set(SKELETON_HEADERS):
         headers.update(nvrtc.include_closure(header, layout.kernels))
     reads = {"op": rules.ops[op].as_record(rules), "legality": decided[dtype].as_record(),
              "allowed": allowed, "proposers": list(synthesis.proposers), "llm": llm,
@@ -193,8 +194,7 @@ def _synthesis_steps(op: str, dtype: str, rules, prof, hardware, layout, work, h
              "toolchain": toolchain.identity(), "headers": {n: digest.of_bytes(d) for n, d in sorted(headers.items())}}
     code = ("synth/loop.py", "synth/proposal.py", "synth/template.py", "synth/llm.py", "nvrtc.py", "codegen.py",
             *VALIDATE_CODE)
-    steps = loop.round_steps(op, dtype, prof, rules, hardware, layout, make_proposers,
-                             lambda o, d: check, pool, code, reads)
+    steps = loop.round_steps(op, dtype, prof, rules, hardware, layout, make_proposers, check, pool, code, reads)
     return [dataclasses.replace(s, local_state=validate.local_device_state) for s in steps]
 
 

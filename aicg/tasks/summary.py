@@ -44,7 +44,7 @@ def report(manifest: dict) -> str:
              f"Target: {manifest['target']['name']} ({manifest['target']['arch']}); preservation preset "
              f"{manifest['preservation']['preset']!r}: " +
              ", ".join(f"{k} = {v!r}" for k, v in sorted(manifest['preservation']['axes'].items())) + ".",
-             f"Toolchain: " + ", ".join(f"{k} {v}" for k, v in sorted(manifest["toolchain"].items())) + ".", "",
+             "Toolchain: " + ", ".join(f"{k} {v}" for k, v in sorted(manifest["toolchain"].items())) + ".", "",
              "```", table(manifest).rstrip(), "```", ""]
     for name, k in sorted(manifest["kernels"].items()):
         lines += [f"## {name}: {k['candidate']}", "", f"Chosen: {k['basis']}.", "", "Why this family is legal:"]
