@@ -21,7 +21,7 @@ def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> 
     op = OPERATORS[family.op]
     vec = params["vec_bytes"] // dtype.size
     template_args = [dtype.ctype, str(params["threads"]), str(vec), TOPOLOGIES[params["topology"]],
-                     "true" if params["fast_exp"] else "false"]
+                     "true" if params["fast_exp"] else "false", str(params["cache_packs"])]
     settings = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
     signature = ",\n    ".join(op.kernel_params(dtype.ctype))
     return (

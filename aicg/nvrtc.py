@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import CompileError
 
-OPTIONS = ("-std=c++17", "--ptxas-options=-v")
+OPTIONS = ("-std=c++17", "-default-device", "--ptxas-options=-v")
 
 _INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.M)
 

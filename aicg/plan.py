@@ -24,12 +24,14 @@ from .semantics.ruleset import Family
 
 # The hwdb facts the plan reads; nothing else of the entry reaches its key.
 PLAN_FACTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
-              "dram_bandwidth", "l2_cache")
+              "registers_per_sm", "dram_bandwidth", "l2_cache")
 
 LAUNCH_SECONDS = 3e-6          # a kernel launch and its tail, order of magnitude
 CACHED_SWEEP_SPEEDUP = 3.0     # a re-read that hits L2 against one from DRAM
 BYTES_IN_FLIGHT_PER_THREAD = 16  # what saturates DRAM: one 16-byte access per resident thread
 BLOCK_REDUCTION_SECONDS = 1e-6  # a shared-memory reduction with two barriers, per block wave
+BASE_REGISTERS = 32             # a family's registers before it holds any of the row
+REGISTER_MARGIN = 16            # room for the sweeps' temporaries beside a held row
 SECTOR_BYTES = 32               # the unit of a DRAM transaction
 
 _WHEN = {
@@ -66,7 +68,8 @@ class Candidate:
 
 def candidate_id(family: str, dtype: str, p: dict) -> str:
     fast = ".fastexp" if p["fast_exp"] else ""
-    return f"{family}.{dtype}.t{p['threads']}.v{p['vec_bytes']}.{p['topology']}{fast}"
+    cache = f".c{p['cache_packs']}" if p["cache_packs"] else ""
+    return f"{family}.{dtype}.t{p['threads']}.v{p['vec_bytes']}.{p['topology']}{cache}{fast}"
 
 
 def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, int], hw: dict) -> float:
@@ -79,7 +82,12 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     blocks = math.ceil(rows / rows_per_block)
     vec = p["vec_bytes"] // dtype.size if cols % max(1, p["vec_bytes"] // dtype.size) == 0 else 1
 
-    blocks_per_sm = min(hw["max_blocks_per_sm"], hw["max_threads_per_sm"] // threads)
+    # Registers: a cached row costs one per element held, and caps occupancy.
+    held = p["cache_packs"] * vec
+    fits = held > 0 and cols <= lanes * held
+    registers = BASE_REGISTERS + (held if fits else 0)
+    blocks_per_sm = max(1, min(hw["max_blocks_per_sm"], hw["max_threads_per_sm"] // threads,
+                               hw["registers_per_sm"] // (registers * threads)))
     resident_blocks = min(blocks, hw["sm_count"] * blocks_per_sm)
     waves = math.ceil(blocks / (hw["sm_count"] * blocks_per_sm))
 
@@ -89,7 +97,7 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     out_bytes = rows * (cols if op.output == "matrix" else 1) * dtype.size
     vector_bytes = len(op.vectors) * row_bytes
     resident_fits = resident_blocks * rows_per_block * row_bytes <= hw["l2_cache"]
-    extra = (family.sweeps - 1) * rows * row_bytes
+    extra = (0 if fits else family.sweeps - 1) * rows * row_bytes
     dram_bytes = rows * row_bytes + out_bytes + vector_bytes + (0 if resident_fits else extra)
     cached_bytes = extra if resident_fits else 0
 
@@ -116,11 +124,16 @@ def _combinations(family: Family):
         yield dict(zip(names, values))
 
 
+def _structure(c: Candidate) -> tuple:
+    """What makes two candidates structurally different: how a row is split, and whether it is held."""
+    return c.params["topology"], c.params["cache_packs"] > 0
+
+
 def _best_spread(pool: list[Candidate], count: int) -> list[Candidate]:
-    """The `count` best by prior, but the best of each topology first: the prior
+    """The `count` best by prior, but the best of each structure first: the prior
     is coarse, so the device gets to compare the structurally different options."""
     pool = sorted(pool, key=lambda c: (c.score, c.id))
-    leaders = list({c.params["topology"]: c for c in reversed(pool)}.values())
+    leaders = list({_structure(c): c for c in reversed(pool)}.values())
     leaders.sort(key=lambda c: (c.score, c.id))
     rest = [c for c in pool if c not in leaders]
     return (leaders + rest)[:count]
@@ -141,6 +154,10 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 if p["threads"] > hw["max_threads_per_block"] or p["threads"] % 32:
                     continue
                 if p["vec_bytes"] < dtype.size or p["vec_bytes"] % dtype.size:
+                    continue
+                # a held row must leave every thread of a full block its registers
+                held = p["cache_packs"] * (p["vec_bytes"] // dtype.size)
+                if (BASE_REGISTERS + REGISTER_MARGIN + held) * p["threads"] > hw["registers_per_sm"]:
                     continue
                 extra = [pr.rule for pr in family.param_rules if _WHEN[pr.when](p[pr.param], dtype)]
                 if not all(legality.rules[r].legal for r in extra):

@@ -8,60 +8,60 @@
 namespace aicg {
 
 // y = x / sqrt(mean(x^2) + eps) * w
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP>
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void rmsnorm(const T* __restrict__ x, const T* __restrict__ w,
                                         T* __restrict__ y, int rows, int cols, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  const T* xr = x + row * cols;
-  const bool vec = rows_vectorisable<VEC>(cols, x, w, y);
-  float ss = 0.0f;
-  for_each<VEC>(xr, cols, G::lane(), G::lanes, vec, [&](int, float v) { ss += v * v; });
-  ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
-  const float r = 1.0f / sqrtf(ss / cols + eps);
-  map_row<VEC>(xr, w, (const T*)nullptr, y + row * cols, cols, G::lane(), G::lanes, vec,
-               [&](int, float v, float wj, float) { return v * r * wj; });
+  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, y),
+                       [&](const auto& r) {
+    float ss = 0.0f;
+    r.each([&](int, float v) { ss += v * v; });
+    ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
+    const float scale = 1.0f / sqrtf(ss / cols + eps);
+    r.store(w, (const T*)nullptr, y + row * cols, [&](int, float v, float wj, float) { return v * scale * wj; });
+  });
 }
 
 // Layernorm with mean and variance in two sweeps: sum, then sum of squared deviations.
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP>
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void layernorm_twopass(const T* __restrict__ x, const T* __restrict__ w,
                                                   const T* __restrict__ b, T* __restrict__ y,
                                                   int rows, int cols, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  const T* xr = x + row * cols;
-  const bool vec = rows_vectorisable<VEC>(cols, x, w, b, y);
-  float s = 0.0f;
-  for_each<VEC>(xr, cols, G::lane(), G::lanes, vec, [&](int, float v) { s += v; });
-  const float mean = row_reduce<THREADS, TOPOLOGY>(s, Sum()) / cols;
-  float d2 = 0.0f;
-  for_each<VEC>(xr, cols, G::lane(), G::lanes, vec, [&](int, float v) { d2 += (v - mean) * (v - mean); });
-  const float var = row_reduce<THREADS, TOPOLOGY>(d2, Sum()) / cols;
-  const float r = 1.0f / sqrtf(var + eps);
-  map_row<VEC>(xr, w, b, y + row * cols, cols, G::lane(), G::lanes, vec,
-               [&](int, float v, float wj, float bj) { return (v - mean) * r * wj + bj; });
+  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, b, y),
+                       [&](const auto& r) {
+    float s = 0.0f;
+    r.each([&](int, float v) { s += v; });
+    const float mean = row_reduce<THREADS, TOPOLOGY>(s, Sum()) / cols;
+    float d2 = 0.0f;
+    r.each([&](int, float v) { d2 += (v - mean) * (v - mean); });
+    const float var = row_reduce<THREADS, TOPOLOGY>(d2, Sum()) / cols;
+    const float scale = 1.0f / sqrtf(var + eps);
+    r.store(w, b, y + row * cols, [&](int, float v, float wj, float bj) { return (v - mean) * scale * wj + bj; });
+  });
 }
 
 // Layernorm with mean and variance from one sweep of Welford states.
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP>
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void layernorm_welford(const T* __restrict__ x, const T* __restrict__ w,
                                                   const T* __restrict__ b, T* __restrict__ y,
                                                   int rows, int cols, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  const T* xr = x + row * cols;
-  const bool vec = rows_vectorisable<VEC>(cols, x, w, b, y);
-  const MergeWelford merge;
-  Welford st = merge.identity();
-  for_each<VEC>(xr, cols, G::lane(), G::lanes, vec, [&](int, float v) { st = merge.add(st, v); });
-  st = row_reduce<THREADS, TOPOLOGY>(st, merge);
-  const float mean = st.mean, r = 1.0f / sqrtf(st.m2 / st.n + eps);
-  map_row<VEC>(xr, w, b, y + row * cols, cols, G::lane(), G::lanes, vec,
-               [&](int, float v, float wj, float bj) { return (v - mean) * r * wj + bj; });
+  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, b, y),
+                       [&](const auto& r) {
+    const MergeWelford merge;
+    Welford st = merge.identity();
+    r.each([&](int, float v) { st = merge.add(st, v); });
+    st = row_reduce<THREADS, TOPOLOGY>(st, merge);
+    const float mean = st.mean, scale = 1.0f / sqrtf(st.m2 / st.n + eps);
+    r.store(w, b, y + row * cols, [&](int, float v, float wj, float bj) { return (v - mean) * scale * wj + bj; });
+  });
 }
 
 }  // namespace aicg

@@ -114,4 +114,114 @@ __device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __rest
   }
 }
 
+// A row as its sweeps see it: each(f) visits the lane's elements in order,
+// store(w, b, y, g) writes y = g(j, x_j, w_j, b_j). RowStream reads the row
+// from memory on every sweep; RowCache reads it once into registers. Both
+// visit a lane's elements in the same order, so they give the same bits.
+template <int V, typename T>
+struct RowStream {
+  const T* row;
+  int cols, lane, lanes;
+  bool vectorised;
+  template <typename F>
+  __device__ __forceinline__ void each(F&& f) const { for_each<V>(row, cols, lane, lanes, vectorised, f); }
+  template <typename G>
+  __device__ __forceinline__ void store(const T* w, const T* b, T* y, G&& g) const {
+    map_row<V>(row, w, b, y, cols, lane, lanes, vectorised, g);
+  }
+};
+
+// Slots hold whole packs when V > 1 (rows that allow packs) and strided
+// single elements when V == 1; the choice is a template parameter so that
+// every slot index is a compile-time constant and the row stays in registers.
+template <int V, int CACHE, typename T>
+struct RowCache {
+  static constexpr int SLOTS = CACHE * V;
+  static constexpr bool packed = V > 1;
+  float v[SLOTS];
+  int cols, lane, lanes;
+
+  __device__ __forceinline__ RowCache(const T* row, int cols_, int lane_, int lanes_)
+      : cols(cols_), lane(lane_), lanes(lanes_) {
+    if constexpr (packed) {
+#pragma unroll
+      for (int u = 0; u < CACHE; ++u) {
+        const int i = lane + u * lanes;
+        if (i * V < cols) {
+          const Pack<T, V> p = load_pack<V>(row + (long long)i * V);
+#pragma unroll
+          for (int k = 0; k < V; ++k) v[u * V + k] = to_float(p.v[k]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < SLOTS; ++t) {
+        const int j = lane + t * lanes;
+        if (j < cols) v[t] = to_float(row[j]);
+      }
+    }
+  }
+
+  __device__ __forceinline__ int index(int t) const {
+    return packed ? (lane + (t / V) * lanes) * V + t % V : lane + t * lanes;
+  }
+
+  template <typename F>
+  __device__ __forceinline__ void each(F&& f) const {
+#pragma unroll
+    for (int t = 0; t < SLOTS; ++t) {
+      const int j = index(t);
+      if (j < cols) f(j, v[t]);
+    }
+  }
+
+  template <typename G>
+  __device__ __forceinline__ void store(const T* w, const T* b, T* y, G&& g) const {
+    if constexpr (packed) {
+#pragma unroll
+      for (int u = 0; u < CACHE; ++u) {
+        const int i = lane + u * lanes;
+        if (i * V < cols) {
+          const long long at = (long long)i * V;
+          Pack<T, V> pw, pb, py;
+          if (w) pw = load_pack<V>(w + at);
+          if (b) pb = load_pack<V>(b + at);
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            py.v[k] = from_float<T>(g((int)at + k, v[u * V + k], w ? to_float(pw.v[k]) : 1.0f,
+                                      b ? to_float(pb.v[k]) : 0.0f));
+          }
+          store_pack<V>(y + at, py);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < SLOTS; ++t) {
+        const int j = lane + t * lanes;
+        if (j < cols) y[j] = from_float<T>(g(j, v[t], w ? to_float(w[j]) : 1.0f, b ? to_float(b[j]) : 0.0f));
+      }
+    }
+  }
+};
+
+// Run body(row) with the row held in registers when CACHE slots per lane
+// hold it, streamed from memory otherwise. The choice depends only on cols
+// and the lane count, so every thread of a row group takes the same branch.
+template <int V, int CACHE, typename T, typename Body>
+__device__ __forceinline__ void with_row(const T* row, int cols, int lane, int lanes, bool vectorised, Body&& body) {
+  if constexpr (CACHE > 0) {
+    if (cols <= lanes * V * CACHE) {
+      if (V > 1 && vectorised) {
+        const RowCache<V, CACHE, T> cached(row, cols, lane, lanes);
+        body(cached);
+      } else {
+        const RowCache<1, CACHE * V, T> cached(row, cols, lane, lanes);
+        body(cached);
+      }
+      return;
+    }
+  }
+  body(RowStream<V, T>{row, cols, lane, lanes, vectorised});
+}
+
 }  // namespace aicg

@@ -1,5 +1,5 @@
 // Row sum and row max families: y[r] = reduce_j x[r, j]. Template parameters
-// as in softmax.cuh (FAST_EXP unused).
+// as in softmax.cuh (FAST_EXP and CACHE unused: one sweep reads each element once).
 #pragma once
 #include "reduce.cuh"
 #include "row_access.cuh"
@@ -19,12 +19,12 @@ __device__ __forceinline__ void reduce_rows(const T* __restrict__ x, T* __restri
   if (G::lane() == 0) y[row] = from_float<T>(acc);
 }
 
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP>
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void row_sum(const T* __restrict__ x, T* __restrict__ y, int rows, int cols) {
   reduce_rows<T, THREADS, VEC, TOPOLOGY>(x, y, rows, cols, Sum());
 }
 
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP>
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void row_max(const T* __restrict__ x, T* __restrict__ y, int rows, int cols) {
   reduce_rows<T, THREADS, VEC, TOPOLOGY>(x, y, rows, cols, Max());
 }

@@ -2,8 +2,9 @@
 //   T         element type (float or aicg::bf16); arithmetic in float
 //   THREADS   threads per block
 //   VEC       elements per access when rows allow it (see row_access.cuh)
-//   TOPOLOGY  WARP_PER_ROW or BLOCK_PER_ROW (see reduce.cuh)
+//   TOPOLOGY  WARP_PER_ROW, BLOCK_PER_ROW or THREAD_PER_ROW (see reduce.cuh)
 //   FAST_EXP  __expf instead of expf
+//   CACHE     packs per thread held in registers between sweeps (0: re-read)
 #pragma once
 #include "online_softmax.cuh"
 #include "reduce.cuh"
@@ -12,46 +13,43 @@
 namespace aicg {
 
 // Three sweeps: max, sum of exp(x - max), write exp(x - max) / sum.
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP>
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
                                                 int rows, int cols) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
-  const T* xr = x + row * cols;
-  const bool vec = rows_vectorisable<VEC>(cols, x, y);
-
-  float m = Max().identity();
-  for_each<VEC>(xr, cols, G::lane(), G::lanes, vec, [&](int, float v) { m = Max()(m, v); });
-  m = row_reduce<THREADS, TOPOLOGY>(m, Max());
-
-  float s = 0.0f;
-  for_each<VEC>(xr, cols, G::lane(), G::lanes, vec, [&](int, float v) { s += exp_<FAST_EXP>(v - m); });
-  s = row_reduce<THREADS, TOPOLOGY>(s, Sum());
-
-  const float inv = 1.0f / s;
-  map_row<VEC>(xr, (const T*)nullptr, (const T*)nullptr, y + row * cols, cols, G::lane(), G::lanes, vec,
-               [&](int, float v, float, float) { return exp_<FAST_EXP>(v - m) * inv; });
+  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, y),
+                       [&](const auto& r) {
+    float m = Max().identity();
+    r.each([&](int, float v) { m = Max()(m, v); });
+    m = row_reduce<THREADS, TOPOLOGY>(m, Max());
+    float s = 0.0f;
+    r.each([&](int, float v) { s += exp_<FAST_EXP>(v - m); });
+    s = row_reduce<THREADS, TOPOLOGY>(s, Sum());
+    const float inv = 1.0f / s;
+    r.store((const T*)nullptr, (const T*)nullptr, y + row * cols,
+            [&](int, float v, float, float) { return exp_<FAST_EXP>(v - m) * inv; });
+  });
 }
 
 // Two sweeps: (max, sum) together as an online state, then write.
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP>
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_online(const T* __restrict__ x, T* __restrict__ y,
                                                int rows, int cols) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  const T* xr = x + row * cols;
-  const bool vec = rows_vectorisable<VEC>(cols, x, y);
-  const MergeMaxSum<FAST_EXP> merge;
-
-  MaxSum state = merge.identity();
-  for_each<VEC>(xr, cols, G::lane(), G::lanes, vec, [&](int, float v) { state = merge.add(state, v); });
-  state = row_reduce<THREADS, TOPOLOGY>(state, merge);
-
-  const float m = state.m, inv = 1.0f / state.s;
-  map_row<VEC>(xr, (const T*)nullptr, (const T*)nullptr, y + row * cols, cols, G::lane(), G::lanes, vec,
-               [&](int, float v, float, float) { return exp_<FAST_EXP>(v - m) * inv; });
+  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, y),
+                       [&](const auto& r) {
+    const MergeMaxSum<FAST_EXP> merge;
+    MaxSum state = merge.identity();
+    r.each([&](int, float v) { state = merge.add(state, v); });
+    state = row_reduce<THREADS, TOPOLOGY>(state, merge);
+    const float m = state.m, inv = 1.0f / state.s;
+    r.store((const T*)nullptr, (const T*)nullptr, y + row * cols,
+            [&](int, float v, float, float) { return exp_<FAST_EXP>(v - m) * inv; });
+  });
 }
 
 }  // namespace aicg

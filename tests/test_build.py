@@ -217,3 +217,22 @@ def test_selecting_a_rule_the_preservation_level_forbids_fails_with_the_reason(b
     run = doit(built, "build", PROFILE)
     assert run.code != 0
     assert "small.toml: rules.select" in run.output and "fast_intrinsics needs math in ('approximate')" in run.output
+
+
+def test_a_candidate_that_spills_is_rejected_without_a_gpu_run(built):
+    """Resource failures are decided from the compiler's report, before any device."""
+    from aicg.tasks import graph as graph_module
+    from aicg.tasks.step import Context
+    instance = graph_module.load_instance(graph_module.Layout(built), built / "rulesets/profiles/small.toml", built / "build")
+    validate = next(s for s in instance.steps if s.name.startswith("validate:"))
+    cand = validate.name.split(":", 1)[1]
+    report_path = built / f"build/small/cubin/{cand}.json"
+    report = json.loads(report_path.read_text())
+    report["resources"]["spill_store_bytes"] = 64
+    receipt = instance.env.receipt(f"compile:{cand}")
+    report_bytes = (json.dumps(report, indent=1, sort_keys=True) + "\n").encode()
+    report_path.write_bytes(report_bytes)
+    receipt["outputs"][f"cubin/{cand}.json"] = digest.of_bytes(report_bytes)
+    result = validate.run(Context(validate, instance.env))
+    outcome = json.loads(next(iter(result.outputs.values())))
+    assert outcome == {"status": "rejected", "reason": "spills 64 bytes to local memory"} and result.cache

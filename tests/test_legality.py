@@ -51,6 +51,8 @@ CASES = [
     ("flush_to_zero", "softmax", "tolerance", {}, False, "axis", {"axis": "denormals", "value": "preserve"}, False),
     ("vector_loads", "softmax", "bitwise", {}, True, "no_needs", {}, True),
     ("vector_loads", "softmax", "bitwise", {"forbid": ["vector_loads"]}, False, "forbidden", {}, False),
+    ("register_staging", "softmax", "bitwise", {}, True, "no_needs", {}, True),
+    ("register_staging", "softmax", "tolerance", {"forbid": ["register_staging"]}, False, "forbidden", {}, False),
     ("fusion", "rmsnorm", "tolerance", {}, True, "axis", {"axis": "order"}, True),
     ("fusion", "rmsnorm", "bitwise", {}, False, "axis", {"axis": "order"}, False),
     ("rematerialisation", "layernorm", "bitwise", {}, True, "no_needs", {}, True),

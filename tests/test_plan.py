@@ -102,9 +102,11 @@ def test_illegal_families_give_no_candidates(shipped_ruleset, load_profile, all_
 
 def test_the_best_few_are_kept_per_family_and_dtype(full_pool, shipped_ruleset, all_facts):
     """At most k per (family, dtype): the best overall first, the best of each
-    topology when k allows, and otherwise the best by predicted time."""
+    structure (topology, row held in registers or not) when k allows, and
+    otherwise the best by predicted time."""
     prof, pool = full_pool
-    for k in [1, 2, 3]:
+    structure = lambda c: (c.params["topology"], c.params["cache_packs"] > 0)
+    for k in [1, 2, 3, 4]:
         kept = make_plan(shipped_ruleset, prof, all_facts, per_family=k)
         assert {(c.family, c.dtype) for c in kept} == {(c.family, c.dtype) for c in pool}
         for fam, dtype in {(c.family, c.dtype) for c in kept}:
@@ -113,10 +115,10 @@ def test_the_best_few_are_kept_per_family_and_dtype(full_pool, shipped_ruleset, 
             dropped = [c for c in group if c not in mine]
             assert len(mine) == min(k, len(group))
             assert mine[0].score == min(c.score for c in group)
-            topologies = {c.params["topology"] for c in group}
-            leaders = [min((c for c in group if c.params["topology"] == t), key=lambda c: (c.score, c.id))
-                       for t in topologies]
-            if k >= len(topologies):
+            structures = {structure(c) for c in group}
+            leaders = [min((c for c in group if structure(c) == s), key=lambda c: (c.score, c.id))
+                       for s in structures]
+            if k >= len(structures):
                 assert all(leader in mine for leader in leaders)
             assert all(c.score <= o.score for c in mine if c not in leaders for o in dropped)
 

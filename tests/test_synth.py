@@ -86,6 +86,7 @@ def template(shipped_ruleset, tolerance):
     decided = {"float32": legality.decide("softmax", "float32", shipped_ruleset, pres, choice)}
     pool = plan_op("softmax", decided, shipped_ruleset.families_of("softmax"), ["float32"], [(4096, 4096)],
                    {"sm_count": 132, "max_threads_per_block": 1024, "max_threads_per_sm": 2048, "max_blocks_per_sm": 32,
+                    "registers_per_sm": 65536,
                     "dram_bandwidth": 4.8e12, "l2_cache": 50 << 20}, 10**6)
     return TemplateProposer(pool, {f.name: f.rules for f in shipped_ruleset.families_of("softmax")})
 

@@ -17,7 +17,7 @@ from .. import tomlfile
 HOLDS = {"real", "exact"}
 # Every family template takes these parameters: (type, allowed values or None).
 PARAM_TYPES = {"threads": (int, None), "vec_bytes": (int, None),
-               "topology": (str, {"warp", "block", "thread"}), "fast_exp": (bool, None)}
+               "topology": (str, {"warp", "block", "thread"}), "fast_exp": (bool, None), "cache_packs": (int, None)}
 TEMPLATE_PARAMS = tuple(PARAM_TYPES)
 PARAM_PREDICATES = {"wider_than_element", "true"}
 
