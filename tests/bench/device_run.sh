@@ -13,5 +13,5 @@ python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nv
 python3 -m doit build 2>&1 | tee "$OUT/build.log" | tail -25
 cp build/h200-tolerance/manifest.json build/h200-tolerance/report.md "$OUT/" 2>/dev/null
 tar czf "$OUT/build-and-cache.tgz" build cache
-python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_adversarial.py -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+python3 -m pytest -m gpu ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_adversarial.py} -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 python3 tests/bench/compare_torch.py build/h200-tolerance "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -45
