@@ -110,7 +110,7 @@ def test_validation_rejects_a_kernel_that_writes_nothing():
               ' if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = 0.0f; }')
     cubin, _, _ = nvrtc.compile_cubin(source, "lazy.cu", {}, "sm_90")
     result = validate_on_device(cubin, hw.load(REPO / "hwdb/h200.toml"), "row_sum", "float32",
-                                {"threads": 128, "vec_bytes": 4, "topology": "warp", "fast_exp": False},
+                                {"threads": 128, "vec_bytes": 4, "topology": "warp", "fast_exp": False, "cache_packs": 0},
                                 tolerance=(1e-5, 1e-7), deterministic=True, bitwise=False, check_shapes=[(5, 7)],
                                 timed_shapes=[], trials=2, repetitions=3)
     assert result["status"] == "failed"
@@ -150,7 +150,7 @@ def test_a_tree_sum_fails_a_bitwise_demand():
     from aicg.validate import validate_on_device
     from doit_project import REPO
     family = ruleset.load(REPO / "rulesets").families["row_sum_tree"]
-    params = {"threads": 256, "vec_bytes": 16, "topology": "block", "fast_exp": False}
+    params = {"threads": 256, "vec_bytes": 16, "topology": "block", "fast_exp": False, "cache_packs": 0}
     source = codegen.source("tree", family, "float32", params)
     cubin, _, _ = nvrtc.compile_cubin(source, "tree.cu", nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90")
     result = validate_on_device(cubin, hw.load(REPO / "hwdb/h200.toml"), "row_sum", "float32", params,
