@@ -64,3 +64,30 @@ class ChatServer:
     def stop(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def synth_profile(url: str, proposers='["llm", "template"]', shapes="[[64, 1000]]") -> str:
+    """A one-operator profile with the repair loop on, asking the server at `url`."""
+    return f"""
+[instance]
+name = "small"
+target = "h200"
+preservation = "tolerance"
+
+[plan]
+candidates_per_family = 1
+
+[synthesis]
+proposers = {proposers}
+rounds = 3
+
+[synthesis.llm]
+base_url = "{url}"
+model = "recorded-model"
+api_key_env = "AICG_TEST_LLM_KEY"
+
+[[workload]]
+ops = ["softmax"]
+dtypes = ["float32"]
+shapes = {shapes}
+"""

@@ -15,7 +15,7 @@ from aicg.runtime import driver
 from aicg.semantics import ruleset as ruleset_loader
 from aicg.synth import proposal as proposals
 from doit_project import REPO, doit, make_project
-from llm_server import BROKEN, CORRECT, WRONG, ChatServer, answer
+from llm_server import BROKEN, CORRECT, WRONG, ChatServer, answer, synth_profile
 
 pytestmark = pytest.mark.gpu
 DEVICE = driver.probe_device()
@@ -91,35 +91,13 @@ def test_validation_accepts_a_correct_kernel():
     assert result["timings"] and not result["implausibly_fast"]
 
 
-SYNTH = """
-[instance]
-name = "small"
-target = "h200"
-preservation = "tolerance"
-
-[plan]
-candidates_per_family = 1
-
-[synthesis]
-proposers = ["llm", "template"]
-rounds = 3
-
-[synthesis.llm]
-base_url = "{url}"
-model = "recorded-model"
-
-[[workload]]
-ops = ["softmax"]
-dtypes = ["float32"]
-shapes = [[2048, 4096]]
-"""
 
 
 @needs_h200
 def test_the_loop_repairs_a_failing_proposal_into_a_valid_kernel(tmp_path):
     server = ChatServer([answer(BROKEN), answer(WRONG), answer(CORRECT)])
     try:
-        project = make_project(tmp_path / "p", SYNTH.format(url=server.url))
+        project = make_project(tmp_path / "p", synth_profile(server.url, shapes="[[2048, 4096]]"))
         run = doit(project, "build", "profile=rulesets/profiles/small.toml")
     finally:
         server.stop()

@@ -11,35 +11,9 @@ from aicg.semantics import legality
 from aicg.synth import proposal as proposals
 from aicg.synth.template import TemplateProposer
 from doit_project import doit, make_project
-from llm_server import BROKEN, CORRECT, WRONG, ChatServer, answer
+from llm_server import BROKEN, CORRECT, WRONG, ChatServer, answer, synth_profile
 
 PROFILE = "profile=rulesets/profiles/small.toml"
-
-
-def synth_profile(url: str, proposers='["llm", "template"]') -> str:
-    return f"""
-[instance]
-name = "small"
-target = "h200"
-preservation = "tolerance"
-
-[plan]
-candidates_per_family = 1
-
-[synthesis]
-proposers = {proposers}
-rounds = 3
-
-[synthesis.llm]
-base_url = "{url}"
-model = "recorded-model"
-api_key_env = "AICG_TEST_LLM_KEY"
-
-[[workload]]
-ops = ["softmax"]
-dtypes = ["float32"]
-shapes = [[64, 1000]]
-"""
 
 
 @pytest.fixture
