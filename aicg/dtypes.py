@@ -1,7 +1,7 @@
 """Element types aicg generates kernels for, and their host-side encoding.
 
-numpy has no bfloat16, so bfloat16 arrays live on the host as their uint16
-bit patterns; `encode` rounds float values to the dtype (round to nearest
+numpy has no bfloat16, so bfloat16 (and, alike, float16) arrays live on the
+host as their uint16 bit patterns; `encode` rounds float values to the dtype (round to nearest
 even, as the device does) and `decode` widens them back to float32.
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ class DType:
     storage: type       # numpy dtype of the host bits
 
     def encode(self, values: np.ndarray) -> np.ndarray:
-        return _ENCODERS[self.name](np.asarray(values, dtype=np.float32))
+        with np.errstate(over="ignore"):   # beyond the dtype's range is inf, as on the device
+            return _ENCODERS[self.name](np.asarray(values, dtype=np.float32))
 
     def decode(self, stored: np.ndarray) -> np.ndarray:
         return _DECODERS[self.name](stored)
@@ -35,10 +36,13 @@ def _from_bf16_bits(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-_ENCODERS = {"float32": lambda a: a.copy(), "bfloat16": _to_bf16_bits}
-_DECODERS = {"float32": lambda a: a.astype(np.float32), "bfloat16": _from_bf16_bits}
+_ENCODERS = {"float32": lambda a: a.copy(), "bfloat16": _to_bf16_bits,
+             "float16": lambda a: a.astype(np.float16).view(np.uint16)}     # numpy rounds to nearest even
+_DECODERS = {"float32": lambda a: a.astype(np.float32), "bfloat16": _from_bf16_bits,
+             "float16": lambda a: np.asarray(a, dtype=np.uint16).view(np.float16).astype(np.float32)}
 
 DTYPES: dict[str, DType] = {
     "float32": DType("float32", "float", 4, np.float32),
     "bfloat16": DType("bfloat16", "aicg::bf16", 2, np.uint16),
+    "float16": DType("float16", "aicg::f16", 2, np.uint16),
 }

@@ -4,11 +4,17 @@
 
 namespace aicg {
 
-// bfloat16 as its 16 storage bits; arithmetic always happens in float.
+// bfloat16 and IEEE half as their 16 storage bits; arithmetic always happens in float.
 struct bf16 { unsigned short bits; };
+struct f16 { unsigned short bits; };
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((unsigned)v.bits) << 16); }
+__device__ __forceinline__ float to_float(f16 v) {
+  float out;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(out) : "h"(v.bits));
+  return out;
+}
 
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
@@ -17,6 +23,11 @@ template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {
   unsigned short out;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(v));
   return bf16{out};
+}
+template <> __device__ __forceinline__ f16 from_float<f16>(float v) {
+  unsigned short out;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out) : "f"(v));
+  return f16{out};
 }
 
 // V consecutive elements moved as one access of V * sizeof(T) bytes.

@@ -75,3 +75,16 @@ def test_float32_is_stored_as_is_and_copied():
 def test_sizes_match_the_storage():
     for d in DTYPES.values():
         assert np.dtype(d.storage).itemsize == d.size
+
+
+def test_float16_encodes_as_ieee_half_rounded_to_nearest_even():
+    from aicg.dtypes import DTYPES
+    half = DTYPES["float16"]
+    values = np.array([1.0, 1 + 2**-11, 1 + 3 * 2**-11, 65504.0, 65520.0, -0.0, np.inf, 2**-25], np.float32)
+    bits = half.encode(values)
+    assert bits.dtype == np.uint16
+    # 1 + 2^-11 is a tie between 1 and 1 + 2^-10: even wins (1); 1 + 3*2^-11 rounds up to 1 + 2^-9
+    assert list(bits[:3]) == [0x3C00, 0x3C00, 0x3C02]
+    assert bits[3] == 0x7BFF and bits[4] == 0x7C00          # the largest half, then overflow to inf
+    assert bits[5] == 0x8000 and bits[6] == 0x7C00 and bits[7] == 0x0000   # -0, inf, 2^-25 ties to even (0)
+    assert np.array_equal(half.decode(bits[:4]), np.array([1.0, 1.0, 1 + 2**-9, 65504.0], np.float32))

@@ -29,7 +29,7 @@ candidates_per_family = 3
 
 [[workload]]
 ops = ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]
-dtypes = ["float32", "bfloat16"]
+dtypes = ["float32", "bfloat16", "float16"]
 shapes = [[2048, 4096], [300, 20000]]
 """
 
@@ -46,10 +46,13 @@ def built(tmp_path_factory):
 def test_every_candidate_validates_and_is_timed(built):
     instance_dir, run = built
     results = [json.loads(p.read_text()) for p in (instance_dir / "validation").glob("*.json")]
-    assert results and all(r["status"] == "passed" for r in results), [r for r in results if r["status"] != "passed"][:1]
-    assert all(r["timings"] and all(t["median_seconds"] > 0 for t in r["timings"]) for r in results)
+    # every candidate passes, or was refused before running for spilling (a resource failure)
+    failed = [r for r in results if r["status"] != "passed" and not r.get("reason", "").startswith("spills")]
+    assert results and not failed, failed[:1]
+    passed = [r for r in results if r["status"] == "passed"]
+    assert passed and all(r["timings"] and all(t["median_seconds"] > 0 for t in r["timings"]) for r in passed)
     manifest = json.loads((instance_dir / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 10 and all(k["validation"] == "passed" for k in manifest["kernels"].values())
+    assert len(manifest["kernels"]) == 15 and all(k["validation"] == "passed" for k in manifest["kernels"].values())
 
 
 def _torch_reference(torch, op, x, w=None, b=None, eps=1e-5):
@@ -65,7 +68,7 @@ def _torch_reference(torch, op, x, w=None, b=None, eps=1e-5):
 
 
 @needs_h200
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("op", ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"])
 def test_loaded_kernels_match_pytorch(built, op, dtype):
     torch = pytest.importorskip("torch")
@@ -83,7 +86,7 @@ def test_loaded_kernels_match_pytorch(built, op, dtype):
         stream.synchronize()
         ref = _torch_reference(torch, op, x, *args)
         assert y.shape == ref.shape and y.dtype == tdtype
-        rtol, atol = (1e-5, 1e-6) if dtype == "float32" else (1.6e-2, 1e-5)
+        rtol, atol = {"float32": (1e-5, 1e-6), "bfloat16": (1.6e-2, 1e-5), "float16": (2e-3, 1e-5)}[dtype]
         scale = x.double().abs().sum(-1) if op == "row_sum" else ref.abs() + (1.0 if op == "layernorm" else 0.0)
         err = (y.double() - ref).abs()
         assert bool((err <= atol + rtol * scale).all()), f"{op} {dtype} {shape}: max error {err.max().item()}"
