@@ -2,12 +2,13 @@
 
 hw -> legality:<op> -> plan:<op> -> codegen:<cand> -> compile:<cand>
    -> validate:<cand> -> select:<op> -> package
+(and synth:<op>.<dtype>.<round> -> select:<op> when the profile asks for synthesis)
 
 Deciding which candidates exist is cheap (TOML, the legality engine and the
 cost prior, all in memory), so it happens when the graph is loaded; the
 steps then publish those decisions and do the costly work (compile,
 validate) under their keys. Each step reads only the values it needs: the
-plan of softmax holds six hwdb facts, not the whole entry, so a re-probe of
+plan of softmax holds seven hwdb facts, not the whole entry, so a re-probe of
 tensor-core throughput leaves it untouched.
 """
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import codegen, config, digest, hw, nvrtc, plan, profile, toolchain
-from ..store import LayeredStore
 from ..errors import CompileError, InputChanged, InputError
+from ..store import LayeredStore
 from ..semantics import legality as legality_engine
 from ..semantics import ruleset as ruleset_loader
 from .step import Env, Result, Step
