@@ -62,8 +62,13 @@ class ActionEntry:
     sha256: dict[str, str] = field(default_factory=dict)
 
 
+def entry_payload(entry: ActionEntry) -> bytes:
+    """The bytes an entry's checksum (and signature, if any) cover."""
+    return digest.pack({"key": entry.key, "step": entry.step, "outputs": entry.outputs, "sha256": entry.sha256})
+
+
 def encode_entry(entry: ActionEntry, signature: bytes | None = None) -> bytes:
-    payload = digest.pack({"key": entry.key, "step": entry.step, "outputs": entry.outputs, "sha256": entry.sha256})
+    payload = entry_payload(entry)
     envelope = [payload, digest.of_bytes(payload)]
     return digest.pack(envelope + [signature] if signature is not None else envelope)
 

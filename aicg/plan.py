@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from . import codegen
 from .dtypes import DTYPES
 from .ops import OPERATORS
-from .semantics.legality import Legality
+from .semantics.legality import Legality, decide_all
 from .semantics.ruleset import Family
 
 # The hwdb facts the plan reads; nothing else of the entry reaches its key.
@@ -168,3 +168,13 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                                       dtype_name, p, rules, times))
             chosen.extend(_best_spread(pool, per_family))
     return chosen
+
+
+def plan_workload(ruleset, prof, hw: dict, per_family: int | None = None) -> dict:
+    """op -> ({dtype: Legality}, [Candidate]) for every operator of a profile's workload."""
+    planned = {}
+    for op, work in prof.workload.items():
+        decided = decide_all(op, work.dtypes, ruleset, prof.preservation, prof.choice)
+        planned[op] = (decided, plan_op(op, decided, ruleset.families_of(op), work.dtypes, work.shapes, hw,
+                                        per_family or prof.candidates_per_family))
+    return planned

@@ -120,6 +120,6 @@ class LayeredStore:
                 self._remote_call("put", "cas", sha, data)
                 self.stats["bytes_up"] += len(data)
         remote_entry = cas.ActionEntry(key, step, entry.outputs, shas)
-        payload = digest.unpack(cas.encode_entry(remote_entry))[0]
-        self._remote_call("put", "ac", action_name(key), cas.encode_entry(remote_entry, self._sign(payload)))
+        signature = self._sign(cas.entry_payload(remote_entry))
+        self._remote_call("put", "ac", action_name(key), cas.encode_entry(remote_entry, signature))
         self.stats["remote_writes"] += 1

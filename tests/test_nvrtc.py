@@ -7,7 +7,6 @@ import pytest
 
 from aicg import codegen, hw, nvrtc, plan, profile
 from aicg.errors import CompileError
-from aicg.semantics import legality
 
 ARCH_TARGET = {"sm_80": "a100-sxm4-80gb", "sm_90": "h100-sxm"}   # an hwdb entry of each arch
 PARAMS = {"threads": 256, "vec_bytes": 16, "topology": "block", "fast_exp": False, "cache_packs": 0}
@@ -26,12 +25,7 @@ def planned(repo, shipped_ruleset):
         prof = profile.load(repo / "rulesets" / "profiles" / f"{name}.toml", rs, repo / "hwdb")
         target = hw.load_target(repo / "hwdb", prof.target)
         facts = {f: target.fact(f) for f in plan.PLAN_FACTS}
-        out = []
-        for op, w in prof.workload.items():
-            legal = legality.decide_all(op, w.dtypes, rs, prof.preservation, prof.choice)
-            out += plan.plan_op(op, legal, rs.families_of(op), w.dtypes, w.shapes, facts,
-                                per_family or prof.candidates_per_family)
-        return out
+        return [c for _, cands in plan.plan_workload(rs, prof, facts, per_family).values() for c in cands]
     return candidates
 
 

@@ -23,12 +23,7 @@ def all_facts(repo):
 
 
 def make_plan(rs, prof, facts, per_family=None):
-    candidates = []
-    for op, w in prof.workload.items():
-        legal = legality.decide_all(op, w.dtypes, rs, prof.preservation, prof.choice)
-        candidates += plan.plan_op(op, legal, rs.families_of(op), w.dtypes, w.shapes, facts,
-                                   per_family or prof.candidates_per_family)
-    return candidates
+    return [c for _, cands in plan.plan_workload(rs, prof, facts, per_family).values() for c in cands]
 
 
 @pytest.fixture(scope="session", params=["default", "fast", "deterministic"])

@@ -233,12 +233,9 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
     env = Env(Path(build_dir) / prof.name, LayeredStore(store_config))
 
     steps = [_hw_step(hardware)]
-    planned = {}
+    planned = plan.plan_workload(rules, prof, hw_facts)
     for op, work in prof.workload.items():
-        decided = legality_engine.decide_all(op, work.dtypes, rules, prof.preservation, prof.choice)
-        candidates = plan.plan_op(op, decided, rules.families_of(op), work.dtypes, work.shapes, hw_facts,
-                                  prof.candidates_per_family)
-        planned[op] = (decided, candidates)
+        decided, candidates = planned[op]
         steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, hw_facts, prof, candidates)]
         for cand in candidates:
             family = rules.families[cand.family]
