@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL_PROFILE = """
 [instance]
 name = "small"
-target = "h200"
+target = "nvidia-h200"
 preservation = "tolerance"
 
 [plan]

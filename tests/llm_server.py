@@ -71,7 +71,7 @@ def synth_profile(url: str, proposers='["llm", "template"]', shapes="[[64, 1000]
     return f"""
 [instance]
 name = "small"
-target = "h200"
+target = "nvidia-h200"
 preservation = "tolerance"
 
 [plan]

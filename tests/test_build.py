@@ -78,9 +78,9 @@ def test_a_header_edit_recompiles_only_the_candidates_that_include_it(built):
 
 
 def test_a_hw_fact_the_plan_does_not_read_changes_no_plan(built, edit):
-    edit(built / "hwdb/h200.toml", "value = 989.4e12", "value = 990e12")
+    edit(built / "hwdb/nvidia-h200.toml", "value = 989.4e12", "value = 990e12")
     run = doit(built, "build", PROFILE)
-    assert "hw:h200" in run.executed
+    assert "hw:nvidia-h200" in run.executed
     assert not [n for n in run.executed if n.split(":")[0] in {"plan", "codegen", "compile", "select"}]
 
 
@@ -164,11 +164,11 @@ def test_a_validation_done_on_the_target_is_reused_without_a_gpu(built):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ("[instance]\nname = 'x'\ntarget = 'h200'\npreservation = 'tolerance'\n[[workload]]\nops = ['softmaks']\n"
+    ("[instance]\nname = 'x'\ntarget = 'nvidia-h200'\npreservation = 'tolerance'\n[[workload]]\nops = ['softmaks']\n"
      "dtypes = ['float32']\nshapes = [[1, 2]]\n", "small.toml: workload[0].ops: expected one of"),
     ("[instance\n", "small.toml: (syntax): expected valid TOML"),
     ("[instance]\nname = 'x'\ntarget = 'h900'\npreservation = 'tolerance'\n", "small.toml: instance.target: expected a hwdb entry"),
-    ("[instance]\nname = 'x'\ntarget = 'h200'\npreservation = 'tolerance'\ncolour = 1\n", "small.toml: instance.colour: expected a known key"),
+    ("[instance]\nname = 'x'\ntarget = 'nvidia-h200'\npreservation = 'tolerance'\ncolour = 1\n", "small.toml: instance.colour: expected a known key"),
 ])
 def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, bad, message):
     project = make_project(tmp_path / "proj", bad)

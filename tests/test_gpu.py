@@ -21,7 +21,7 @@ needs_h200 = pytest.mark.skipif(DEVICE is None or DEVICE.name != "NVIDIA H200", 
 PROFILE = """
 [instance]
 name = "gpu"
-target = "h200"
+target = "nvidia-h200"
 preservation = "deterministic"
 
 [plan]
@@ -112,7 +112,7 @@ def test_validation_rejects_a_kernel_that_writes_nothing():
     source = ('extern "C" __global__ void aicg_kernel(const float* x, float* y, int rows, int cols) {'
               ' if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = 0.0f; }')
     cubin, _, _ = nvrtc.compile_cubin(source, "lazy.cu", {}, "sm_90")
-    result = validate_on_device(cubin, hw.load(REPO / "hwdb/h200.toml"), "row_sum", "float32",
+    result = validate_on_device(cubin, hw.load(REPO / "hwdb/nvidia-h200.toml"), "row_sum", "float32",
                                 {"threads": 128, "vec_bytes": 4, "topology": "warp", "fast_exp": False, "cache_packs": 0},
                                 tolerance=(1e-5, 1e-7), deterministic=True, bitwise=False, check_shapes=[(5, 7)],
                                 timed_shapes=[], trials=2, repetitions=3)
@@ -123,7 +123,7 @@ def test_validation_rejects_a_kernel_that_writes_nothing():
 BITWISE = """
 [instance]
 name = "gpu-bitwise"
-target = "h200"
+target = "nvidia-h200"
 preservation = "bitwise"
 
 [plan]
@@ -156,7 +156,7 @@ def test_a_tree_sum_fails_a_bitwise_demand():
     params = {"threads": 256, "vec_bytes": 16, "topology": "block", "fast_exp": False, "cache_packs": 0}
     source = codegen.source("tree", family, "float32", params)
     cubin, _, _ = nvrtc.compile_cubin(source, "tree.cu", nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90")
-    result = validate_on_device(cubin, hw.load(REPO / "hwdb/h200.toml"), "row_sum", "float32", params,
+    result = validate_on_device(cubin, hw.load(REPO / "hwdb/nvidia-h200.toml"), "row_sum", "float32", params,
                                 tolerance=(0.0, 0.0), deterministic=True, bitwise=True, check_shapes=[(64, 4097)],
                                 timed_shapes=[], trials=2, repetitions=3)
     assert result["status"] == "failed"

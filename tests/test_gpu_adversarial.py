@@ -71,7 +71,7 @@ def _validate(body_text: str):
     for h in proposals.headers_for(p, main):
         headers.update(nvrtc.include_closure(h, REPO / "kernels"))
     cubin, _, _ = nvrtc.compile_cubin(source, "adversarial.cu", headers, "sm_90")
-    return validate_on_device(cubin, hw.load(REPO / "hwdb/h200.toml"), "row_sum", "float32", PARAMS,
+    return validate_on_device(cubin, hw.load(REPO / "hwdb/nvidia-h200.toml"), "row_sum", "float32", PARAMS,
                               tolerance=(1e-5, 1e-7), deterministic=True, bitwise=False,
                               check_shapes=[(3, 1), (5, 7), (37, 1000), (9, 4097), (3001, 33), (64, 4096)],
                               timed_shapes=[(32768, 4096)], trials=2, repetitions=5)

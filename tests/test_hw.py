@@ -44,7 +44,7 @@ def test_shipped_entries_load_with_every_required_fact(repo, target):
 
 
 def test_a_measured_fact_beats_the_datasheet(hwdb_dir):
-    path = hwdb_dir / "h200.toml"
+    path = hwdb_dir / "nvidia-h200.toml"
     path.write_text(path.read_text() + MEASURED)
     fact = hw.load(path).facts["dram_bandwidth"]
     assert (fact.value, fact.source, fact.ref) == (4.1e12, "measured", "device-to-device copy, 1 GiB")
@@ -58,7 +58,7 @@ def test_an_unknown_target(hwdb_dir, raises_input_error):
 
 
 def test_a_missing_required_fact(hwdb_dir, raises_input_error):
-    path = hwdb_dir / "h200.toml"
+    path = hwdb_dir / "nvidia-h200.toml"
     _drop_table(path, "facts.dram_bandwidth")
     with raises_input_error(path, "facts.dram_bandwidth", "(the fact is missing)"):
         hw.load(path)
@@ -85,7 +85,7 @@ def test_bad_entries(hwdb_dir, raises_input_error, old, new, key, expected):
 
 
 def test_a_measured_fact_in_the_wrong_unit_or_without_provenance(hwdb_dir, raises_input_error):
-    path = hwdb_dir / "h200.toml"
+    path = hwdb_dir / "nvidia-h200.toml"
     original = path.read_text()
     path.write_text(original + MEASURED.replace('"byte/s"', '"TB/s"'))
     with raises_input_error(path, "measured.dram_bandwidth.unit", "'byte/s'"):

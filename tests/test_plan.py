@@ -18,7 +18,7 @@ def load_profile(repo, shipped_ruleset):
 @pytest.fixture(scope="session")
 def all_facts(repo):
     """Every fact of the h200 entry: the planner gets more than it should read."""
-    h = hw.load_target(repo / "hwdb", "h200")
+    h = hw.load_target(repo / "hwdb", "nvidia-h200")
     return {name: h.fact(name) for name in h.facts}
 
 

@@ -32,7 +32,7 @@ def test_the_files_settings_arrive(repo, shipped_ruleset):
     def load(name):
         return profile.load(repo / "rulesets" / "profiles" / f"{name}.toml", shipped_ruleset, repo / "hwdb")
     deterministic = load("deterministic")
-    assert deterministic.name == "h200-deterministic" and deterministic.target == "h200"
+    assert deterministic.name == "h200-deterministic" and deterministic.target == "nvidia-h200"
     assert deterministic.choice.forbid == {"fast_intrinsics"} and deterministic.choice.select is None
     assert deterministic.candidates_per_family == 4
     fast = load("fast")
@@ -73,7 +73,7 @@ BAD = [
     ("forbid = []", 'forbid = "welford"', "rules.forbid", "an array"),
     ('dtypes = ["float32", "bfloat16"]', 'dtypes = ["float32", "float64"]', "workload[0].dtypes",
      "one of 'bfloat16', 'float16', 'float32'"),
-    ('target = "h200"', 'target = "h300"', "instance.target", "a hwdb entry in"),
+    ('target = "nvidia-h200"', 'target = "h300"', "instance.target", "a hwdb entry in"),
     ('preservation = "tolerance"', 'preservation = "strict"', "instance.preservation", "one of 'bitwise'"),
     ('name = "h200-tolerance"', 'name = "../escape"', "instance.name", "a plain folder name"),
     ("[65536, 128]", "[0, 5]", "workload[0].shapes", "[rows, cols] pairs of positive integers"),
@@ -109,7 +109,7 @@ def test_an_empty_workload(default_profile, edit, raises_input_error, shipped_ru
 
 
 def test_a_target_missing_from_this_hwdb(default_profile, raises_input_error, shipped_ruleset, hwdb_dir):
-    (hwdb_dir / "h200.toml").unlink()
+    (hwdb_dir / "nvidia-h200.toml").unlink()
     others = ", ".join(sorted(p.stem for p in hwdb_dir.glob("*.toml")))
     with raises_input_error(default_profile, "instance.target", f"(one of: {others})"):
         profile.load(default_profile, shipped_ruleset, hwdb_dir)
