@@ -1,8 +1,10 @@
 """doit entry point of aicg: the task graph of one compiler instance.
 
     doit build [profile=rulesets/profiles/<name>.toml]
+    doit probe | doit probe:<name>     (on a GPU node: measure it into hwdb/)
     doit list --all | doit info <task> | doit clean
 
 The graph and its mechanisms live in aicg/tasks; this file only exposes them.
 """
 from aicg.tasks.doit_tasks import DOIT_CONFIG, task_instance  # noqa: F401
+from aicg.tasks.probe_tasks import task_probe  # noqa: F401

@@ -34,7 +34,8 @@ REQUIRED_FACTS: dict[str, str] = {
     "bf16_tensor_flops": "FLOP/s",
 }
 
-MEASURED_PROVENANCE = ("date", "driver", "method", "repetitions", "spread")
+# What every measured fact records besides its value and unit (written by `doit probe`).
+MEASURED_PROVENANCE = ("probe", "date", "driver", "clocks", "method", "repetitions", "spread")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class Hardware:
     name: str                          # as the CUDA driver reports the device
     arch: str                          # NVRTC target, e.g. "sm_90"
     compute_capability: tuple[int, int]
-    facts: dict[str, Fact] = field(hash=False)
+    facts: dict[str, Fact] = field(hash=False)          # measured where measured, else datasheet
+    datasheet: dict[str, Fact] = field(hash=False, default_factory=dict)   # the datasheet facts alone
 
     def fact(self, name: str) -> float | int:
         return self.facts[name].value
@@ -70,6 +72,10 @@ class Hardware:
                           for name, f in sorted(self.facts.items())}}
 
 
+def read_measured_fact(table: tomlfile.Table, name: str) -> Fact:
+    return _read_fact(table, name, measured=True)
+
+
 def _read_fact(table: tomlfile.Table, name: str, measured: bool) -> Fact:
     value = table.get("value", float)
     unit = table.get("unit", str)
@@ -77,7 +83,8 @@ def _read_fact(table: tomlfile.Table, name: str, measured: bool) -> Fact:
     if expected_unit is not None and unit != expected_unit:
         raise table.error("unit", repr(expected_unit), unit)
     if measured:
-        provenance = tuple((key, table.get(key, (str, int, float, list))) for key in MEASURED_PROVENANCE)
+        kinds = {"repetitions": int, "spread": float}
+        provenance = tuple((key, table.get(key, kinds.get(key, str))) for key in MEASURED_PROVENANCE)
         table.done()
         return Fact(value, unit, "measured", table.get("method", str), provenance)
     source = table.get("source", str, choices={"datasheet"})
@@ -101,6 +108,7 @@ def load(path: Path) -> Hardware:
     facts: dict[str, Fact] = {}
     for fact_name, table in doc.table("facts").tables():
         facts[fact_name] = _read_fact(table, fact_name, measured=False)
+    datasheet = dict(facts)
     for fact_name, table in doc.table("measured", default={}).tables():
         facts[fact_name] = _read_fact(table, fact_name, measured=True)  # measured beats datasheet
     doc.done()
@@ -108,7 +116,7 @@ def load(path: Path) -> Hardware:
     missing = [f for f in REQUIRED_FACTS if f not in facts]
     if missing:
         raise doc.error(f"facts.{missing[0]}", "a table with value, unit, source and ref (the fact is missing)")
-    return Hardware(path.stem, name, arch, (cc[0], cc[1]), facts)
+    return Hardware(path.stem, name, arch, (cc[0], cc[1]), facts, datasheet)
 
 
 def load_target(hwdb_dir: Path, target: str) -> Hardware:

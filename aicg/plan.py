@@ -3,12 +3,13 @@
 For each legal family and dtype the planner forms every parameter
 combination the family allows, drops those the target cannot run or the
 rules forbid, predicts each one's time on the workload's shapes from
-datasheet facts, and keeps the best few. Validation and timing on the device
+the GPU's plan inputs (measured where `doit probe` measured them, see
+plan_inputs.py), and keeps the best few. Validation and timing on the device
 decide among the survivors.
 
 The prior is deliberately simple (bytes over bandwidth, scaled by how much of
 the machine and of each access the launch uses); it only has to put good
-candidates ahead of bad ones. Measured primitives replace it later.
+candidates ahead of bad ones.
 """
 from __future__ import annotations
 
@@ -16,23 +17,20 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from . import codegen
+from . import codegen, plan_inputs
 from .dtypes import DTYPES
 from .ops import OPERATORS
 from .semantics.legality import Legality, decide_all
 from .semantics.ruleset import Family
 
-# The hwdb facts the plan reads; nothing else of the entry reaches its key.
-PLAN_FACTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
-              "registers_per_sm", "dram_bandwidth", "l2_cache")
+# The inputs the plan reads (plan_inputs.resolve gives them from a hwdb entry);
+# nothing else of the entry reaches its key.
+PLAN_INPUTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
+               "registers_per_sm", "dram_bandwidth", "l2_capacity", "cached_sweep_speedup", "launch_seconds",
+               "saturating_bytes_per_sm", "uncoalesced_penalty", "block_reduction_seconds")
 
-LAUNCH_SECONDS = 3e-6          # a kernel launch and its tail, order of magnitude
-CACHED_SWEEP_SPEEDUP = 3.0     # a re-read that hits L2 against one from DRAM
-BYTES_IN_FLIGHT_PER_THREAD = 16  # what saturates DRAM: one 16-byte access per resident thread
-BLOCK_REDUCTION_SECONDS = 1e-6  # a shared-memory reduction with two barriers, per block wave
 BASE_REGISTERS = 32             # a family's registers before it holds any of the row
 REGISTER_MARGIN = 16            # room for the sweeps' temporaries beside a held row
-SECTOR_BYTES = 32               # the unit of a DRAM transaction
 
 _WHEN = {
     "wider_than_element": lambda value, dtype: value > dtype.size,
@@ -96,7 +94,7 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     row_bytes = cols * dtype.size
     out_bytes = rows * (cols if op.output == "matrix" else 1) * dtype.size
     vector_bytes = len(op.vectors) * row_bytes
-    resident_fits = resident_blocks * rows_per_block * row_bytes <= hw["l2_cache"]
+    resident_fits = resident_blocks * rows_per_block * row_bytes <= hw["l2_capacity"]
     extra = (0 if fits else family.sweeps - 1) * rows * row_bytes
     dram_bytes = rows * row_bytes + out_bytes + vector_bytes + (0 if resident_fits else extra)
     cached_bytes = extra if resident_fits else 0
@@ -105,16 +103,15 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     # bytes in flight when the launch does not fill the machine.
     per_step = lanes * vec
     lane_use = cols / (math.ceil(cols / per_step) * per_step)
-    in_flight = resident_blocks * threads * vec * dtype.size
-    saturation = hw["sm_count"] * hw["max_threads_per_sm"] * BYTES_IN_FLIGHT_PER_THREAD
-    fill = min(1.0, in_flight / saturation)
-    # A thread per row: a warp's access touches 32 rows, one sector each.
-    coalescing = min(1.0, vec * dtype.size / SECTOR_BYTES) if lanes == 1 else 1.0
+    in_flight = resident_blocks * threads * vec * dtype.size * plan_inputs.LOADS_IN_FLIGHT
+    fill = min(1.0, in_flight / (hw["sm_count"] * hw["saturating_bytes_per_sm"]))
+    # A thread per row: a warp's access touches 32 rows; wider accesses use more of each.
+    coalescing = min(1.0, vec * dtype.size / 4 / hw["uncoalesced_penalty"]) if lanes == 1 else 1.0
     bandwidth = hw["dram_bandwidth"] * fill * lane_use * coalescing
 
-    seconds = LAUNCH_SECONDS + (dram_bytes + cached_bytes / CACHED_SWEEP_SPEEDUP) / bandwidth
+    seconds = hw["launch_seconds"] + (dram_bytes + cached_bytes / hw["cached_sweep_speedup"]) / bandwidth
     if p["topology"] == "block":
-        seconds += waves * BLOCK_REDUCTION_SECONDS * (family.sweeps - 1 or 1)
+        seconds += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1)
     return seconds
 
 

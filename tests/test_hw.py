@@ -11,8 +11,10 @@ MEASURED = """
 [measured.dram_bandwidth]
 value = 4.1e12
 unit = "byte/s"
+probe = "dram"
 date = "2025-01-01"
 driver = "560.35"
+clocks = "sm 1980 MHz, mem 3201 MHz"
 method = "device-to-device copy, 1 GiB"
 repetitions = 20
 spread = 0.01
@@ -48,7 +50,8 @@ def test_a_measured_fact_beats_the_datasheet(hwdb_dir):
     path.write_text(path.read_text() + MEASURED)
     fact = hw.load(path).facts["dram_bandwidth"]
     assert (fact.value, fact.source, fact.ref) == (4.1e12, "measured", "device-to-device copy, 1 GiB")
-    assert dict(fact.provenance) == {"date": "2025-01-01", "driver": "560.35",
+    assert dict(fact.provenance) == {"probe": "dram", "date": "2025-01-01", "driver": "560.35",
+                                     "clocks": "sm 1980 MHz, mem 3201 MHz",
                                      "method": "device-to-device copy, 1 GiB", "repetitions": 20, "spread": 0.01}
 
 

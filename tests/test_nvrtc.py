@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from aicg import codegen, hw, nvrtc, plan, profile
+from aicg import codegen, hw, nvrtc, plan, plan_inputs, profile
 from aicg.errors import CompileError
 
 ARCH_TARGET = {"sm_80": "a100-sxm4-80gb", "sm_90": "h100-sxm"}   # an hwdb entry of each arch
@@ -24,7 +24,7 @@ def planned(repo, shipped_ruleset):
         rs = shipped_ruleset
         prof = profile.load(repo / "rulesets" / "profiles" / f"{name}.toml", rs, repo / "hwdb")
         target = hw.load_target(repo / "hwdb", prof.target)
-        facts = {f: target.fact(f) for f in plan.PLAN_FACTS}
+        facts = plan_inputs.values(plan_inputs.resolve(target))
         return [c for _, cands in plan.plan_workload(rs, prof, facts, per_family).values() for c in cands]
     return candidates
 

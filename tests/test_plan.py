@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from aicg import hw, plan, profile
+from aicg import hw, plan, plan_inputs, profile
 from aicg.dtypes import DTYPES
 from aicg.semantics import legality
 
@@ -17,9 +17,9 @@ def load_profile(repo, shipped_ruleset):
 
 @pytest.fixture(scope="session")
 def all_facts(repo):
-    """Every fact of the h200 entry: the planner gets more than it should read."""
+    """The H200's plan inputs and every fact of its entry besides: the planner gets more than it should read."""
     h = hw.load_target(repo / "hwdb", "nvidia-h200")
-    return {name: h.fact(name) for name in h.facts}
+    return {**{name: h.fact(name) for name in h.facts}, **plan_inputs.values(plan_inputs.resolve(h))}
 
 
 def make_plan(rs, prof, facts, per_family=None):
@@ -33,14 +33,17 @@ def full_pool(request, shipped_ruleset, load_profile, all_facts):
     return prof, make_plan(shipped_ruleset, prof, all_facts, per_family=10_000)
 
 
-def test_plan_facts_are_required_of_every_entry():
-    assert set(plan.PLAN_FACTS) <= set(hw.REQUIRED_FACTS)
+def test_every_entry_gives_every_plan_input(repo):
+    for path in sorted((repo / "hwdb").glob("*.toml")):
+        entry = hw.load(path)
+        for measured in (True, False):
+            assert set(plan.PLAN_INPUTS) <= set(plan_inputs.resolve(entry, measured)), path
 
 
 def test_the_plan_reads_only_plan_facts(shipped_ruleset, load_profile, all_facts):
     class OnlyPlanFacts(dict):
         def __getitem__(self, key):
-            assert key in plan.PLAN_FACTS, f"the plan read {key}, which is not in PLAN_FACTS"
+            assert key in plan.PLAN_INPUTS, f"the plan read {key}, which is not in PLAN_INPUTS"
             return super().__getitem__(key)
     for name in ["default", "fast"]:
         assert make_plan(shipped_ruleset, load_profile(name), OnlyPlanFacts(all_facts))
@@ -118,18 +121,18 @@ def test_the_best_few_are_kept_per_family_and_dtype(full_pool, shipped_ruleset, 
             assert all(c.score <= o.score for c in mine if c not in leaders for o in dropped)
 
 
-def test_candidates_are_well_formed(full_pool):
+def test_candidates_are_well_formed(full_pool, all_facts):
     prof, pool = full_pool
     assert len({c.id for c in pool}) == len(pool)
     for c in pool:
         assert len(c.predicted_seconds) == len(prof.workload[c.op].shapes)
-        assert all(math.isfinite(t) and t > plan.LAUNCH_SECONDS for t in c.predicted_seconds)
+        assert all(math.isfinite(t) and t > all_facts["launch_seconds"] for t in c.predicted_seconds)
         assert plan.Candidate.from_record(c.as_record()) == c
 
 
 def test_a_fact_the_plan_does_not_read_changes_nothing(shipped_ruleset, load_profile, all_facts):
     prof = load_profile("default")
-    other = {k: (v * 3 if k not in plan.PLAN_FACTS else v) for k, v in all_facts.items()}
+    other = {k: (v * 3 if k not in plan.PLAN_INPUTS else v) for k, v in all_facts.items()}
     assert other != all_facts
     before = [c.as_record() for c in make_plan(shipped_ruleset, prof, all_facts)]
     assert [c.as_record() for c in make_plan(shipped_ruleset, prof, other)] == before

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
+from aicg import hw, plan_inputs
 from aicg.plan import plan_op
 from aicg.semantics import legality
 from aicg.synth import proposal as proposals
@@ -53,15 +55,16 @@ def test_a_correct_declaration_passes_and_renders_into_the_skeleton(shipped_rule
     text, _ = proposals.render(p, "softmax", "float32", shipped_ruleset, "label")
     assert 'extern "C" __global__ void __launch_bounds__(256)' in text and '#line 1 "proposal"' in text
 
+H200_PLAN_INPUTS = plan_inputs.values(plan_inputs.resolve(
+    hw.load_target(Path(__file__).resolve().parents[1] / "hwdb", "nvidia-h200"), measured=False))
+
 
 @pytest.fixture
 def template(shipped_ruleset, tolerance):
     pres, choice = tolerance
     decided = {"float32": legality.decide("softmax", "float32", shipped_ruleset, pres, choice)}
     pool = plan_op("softmax", decided, shipped_ruleset.families_of("softmax"), ["float32"], [(4096, 4096)],
-                   {"sm_count": 132, "max_threads_per_block": 1024, "max_threads_per_sm": 2048, "max_blocks_per_sm": 32,
-                    "registers_per_sm": 65536,
-                    "dram_bandwidth": 4.8e12, "l2_cache": 50 << 20}, 10**6)
+                   H200_PLAN_INPUTS, 10**6)
     return TemplateProposer(pool, {f.name: f.rules for f in shipped_ruleset.families_of("softmax")})
 
 

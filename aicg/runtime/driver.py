@@ -98,7 +98,13 @@ class Buffer:
         self.free()
 
 
-_CTYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_float}
+_CTYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_float,
+           "u32": ctypes.c_uint32, "u64": ctypes.c_uint64, "i64": ctypes.c_int64}
+
+
+def _dim3(value) -> tuple[int, int, int]:
+    x, y, z = (tuple(value) + (1, 1))[:3] if isinstance(value, (tuple, list)) else (value, 1, 1)
+    return int(x), int(y), int(z)
 
 
 class Kernel:
@@ -110,10 +116,22 @@ class Kernel:
         self.module = check(_cu().cuModuleLoadData(image.ctypes.data))
         self.function = check(_cu().cuModuleGetFunction(self.module, entry.encode()))
 
-    def launch(self, grid: int, block: int, args: list[tuple[object, str]], stream: int = 0) -> None:
+    def launch(self, grid, block, args: list[tuple[object, str]], stream: int = 0, shared_bytes: int = 0) -> None:
+        """Launch on `stream`; grid and block are an int or an (x, y, z) tuple."""
         values = tuple(args_value for args_value, _ in args)
         types = tuple(_CTYPES[kind] for _, kind in args)
-        check(_cu().cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, 0, stream, (values, types), 0))
+        check(_cu().cuLaunchKernel(self.function, *_dim3(grid), *_dim3(block), shared_bytes, stream,
+                                   (values, types), 0))
+
+    def allow_shared_bytes(self, nbytes: int) -> None:
+        """Raise the entry's dynamic shared memory limit (above 48 KB needs an opt-in)."""
+        attr = _cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(_cu().cuFuncSetAttribute(self.function, attr, nbytes))
+
+    def attribute(self, name: str) -> int:
+        """A function attribute by its short name, e.g. 'NUM_REGS', 'MAX_THREADS_PER_BLOCK'."""
+        attr = getattr(_cu().CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+        return check(_cu().cuFuncGetAttribute(attr, self.function))
 
     def unload(self) -> None:
         if self.module is not None:

@@ -14,7 +14,7 @@ from doit import get_var
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
-from .. import cas
+from .. import cas, plan_inputs
 from ..dtypes import DTYPES
 from ..errors import CompileError, DeviceError, InputChanged, InputError
 from ..semantics import explain, explore, legality
@@ -109,7 +109,10 @@ def _explain(instance: graph.Instance):
         decided = legality.decide_all(name, dtypes, rules, prof.preservation, prof.choice)
         chosen = {d: kernels.get(f"{name}.{d}") for d in dtypes}
         trajectories = {d: synthesis.get(f"{name}.{d}") for d in dtypes}
-        print(explain.explain(decided, rules, prof.preservation, chosen, trajectories))
+        print(explain.explain(decided, rules, prof.preservation, chosen, trajectories), end="")
+        families = ", ".join(f.name for f in rules.families_of(name))
+        print(f"  plan inputs of {instance.hardware.target} (read by the prior of {families}):")
+        print("\n".join(plan_inputs.describe(instance.plan_inputs)) + "\n")
 
 
 def _explore(instance: graph.Instance):
@@ -130,12 +133,17 @@ class BuildReporter(ConsoleReporter):
             self.write(f". {task.name}\n")
             self.outstream.flush()
 
+    @staticmethod
+    def _is_step(task) -> bool:
+        """A step of the instance (probes measure the node; reports print): only steps are counted."""
+        return bool(task.actions) and task.name not in REPORTS and not task.name.startswith("probe:")
+
     def add_success(self, task):
-        if task.actions and task.name not in REPORTS:
+        if self._is_step(task):
             self.origins[task.values.get("origin", "ran")].append(task.name)
 
     def skip_uptodate(self, task):
-        if task.actions and task.name not in REPORTS:
+        if self._is_step(task):
             self.fresh.append(task.name)
 
     def _write_failure(self, result, write_exception=True):

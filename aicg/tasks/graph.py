@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import codegen, config, digest, hw, nvrtc, plan, profile, toolchain
+from .. import codegen, config, digest, hw, nvrtc, plan, plan_inputs, profile, toolchain
 from ..errors import CompileError, InputChanged, InputError
 from ..store import LayeredStore
 from ..semantics import legality as legality_engine
@@ -57,6 +57,7 @@ class Instance:
     hardware: hw.Hardware
     steps: list[Step]
     env: Env
+    plan_inputs: dict   # name -> plan_inputs.PlanInput: what the plans read, and where it came from
 
     @property
     def name(self) -> str:
@@ -97,15 +98,15 @@ def _legality_step(op: str, rules, prof, decided: dict) -> Step:
                 ("semantics/legality.py", "semantics/ruleset.py", "tasks/graph.py"), targets=(out,))
 
 
-def _plan_step(op: str, rules, work, hw_facts, prof, candidates) -> Step:
-    reads = {"hw": hw_facts, "families": {f.name: f.as_record() for f in rules.families_of(op)},
+def _plan_step(op: str, rules, work, inputs, prof, candidates) -> Step:
+    reads = {"hw": {name: inputs[name].as_record() for name in plan.PLAN_INPUTS}, "families": {f.name: f.as_record() for f in rules.families_of(op)},
              "dtypes": list(work.dtypes), "shapes": [list(s) for s in work.shapes],
              "candidates_per_family": prof.candidates_per_family}
     out = f"plan/{op}.json"
     record = {"op": op, "shapes": [list(s) for s in work.shapes], "candidates": [c.as_record() for c in candidates]}
     return Step(f"plan:{op}", f"enumerate and rank the legal candidates of {op}", reads,
                 lambda ctx: Result({out: to_json(record)}),
-                ("plan.py", "dtypes.py", "ops.py", "tasks/graph.py"), upstream=(f"legality:{op}",), targets=(out,))
+                ("plan.py", "plan_inputs.py", "dtypes.py", "ops.py", "tasks/graph.py"), upstream=(f"legality:{op}",), targets=(out,))
 
 
 def _codegen_step(cand: plan.Candidate, family) -> Step:
@@ -228,7 +229,8 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
     rules = ruleset_loader.load(layout.rules)
     prof = profile.load(profile_path, rules, layout.hwdb)
     hardware = hw.load_target(layout.hwdb, prof.target)
-    hw_facts = {f: hardware.fact(f) for f in plan.PLAN_FACTS}
+    inputs = plan_inputs.resolve(hardware)
+    hw_facts = {name: inputs[name].value for name in plan.PLAN_INPUTS}
     store_config = store_config or config.load(layout.root, prof.cache, recache)
     env = Env(Path(build_dir) / prof.name, LayeredStore(store_config))
 
@@ -236,7 +238,7 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
     planned = plan.plan_workload(rules, prof, hw_facts)
     for op, work in prof.workload.items():
         decided, candidates = planned[op]
-        steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, hw_facts, prof, candidates)]
+        steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, inputs, prof, candidates)]
         for cand in candidates:
             family = rules.families[cand.family]
             steps += [_codegen_step(cand, family), _compile_step(cand, family, hardware.arch, layout),
@@ -247,4 +249,4 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
                     steps += _synthesis_steps(op, dtype, rules, prof, hardware, layout, work, hw_facts, decided)
         steps.append(_select_step(op, work, candidates, prof))
     steps.append(packaging.package_step(prof, hardware, planned, rules))
-    return Instance(rules, layout, prof, hardware, steps, env)
+    return Instance(rules, layout, prof, hardware, steps, env, inputs)

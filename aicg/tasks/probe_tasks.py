@@ -1,0 +1,73 @@
+"""`doit probe`: measure the GPU of this node into its hwdb entry.
+
+    doit probe             every probe, in registry order
+    doit probe:<name>      one probe (doit list --all probe shows them)
+
+Probes always run when asked (a measurement is not a function of its
+inputs); what they change is decided by record.merge, which keeps a figure
+that re-measured within its spread, so downstream build steps see no change
+from an unchanged GPU. One ProbeGPU serves every probe of a run.
+"""
+from __future__ import annotations
+
+import datetime
+import sys
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+
+from ..errors import CompileError, DeviceError, InputError
+from ..probe import record, registry
+
+_session: dict = {}
+
+
+def _gpu():
+    if "gpu" not in _session:
+        from ..probe.gpu import ProbeGPU
+        _session["gpu"] = ProbeGPU()
+    return _session["gpu"]
+
+
+def _format(value: float, unit: str) -> str:
+    scaled = {"byte/s": (1e12, "TB/s"), "byte": (2**20, "MiB"), "FLOP/s": (1e12, "TFLOP/s"), "op/s": (1e9, "Gop/s"),
+              "s": (1e-6, "us")}.get(unit)
+    if scaled and abs(value) >= scaled[0] * 1e-3:
+        return f"{value / scaled[0]:.4g} {scaled[1]}"
+    return f"{value:.4g} {unit}"
+
+
+def run_probe(name: str, hwdb_dir: Path) -> dict:
+    try:
+        gpu = _gpu()
+        module = registry.probe(name)
+        before = gpu.clocks()
+        result = module.run(gpu)
+        gpu.synchronize()
+        after = gpu.clocks()
+    except (DeviceError, CompileError) as err:
+        return TaskFailed(f"probe {name}: {err}")
+    date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    clocks = f"before: {before}; after: {after}"
+    path = record.entry_for(hwdb_dir, gpu.name, gpu.compute_capability)
+    try:
+        report = record.merge(path, gpu.name, gpu.compute_capability, name, result, date, gpu.driver_version, clocks)
+    except InputError as err:
+        return TaskFailed(str(err))
+    record.write_curves(path, name, result, date, clocks)
+    for fig in result.figures:
+        status = "new" if fig.name in report.added else "changed" if fig.name in report.replaced else "within spread"
+        print(f"  {fig.name:34s} {_format(fig.value, fig.unit):>14s}  ±{fig.spread:.1%}  ({status})",
+              file=sys.stderr, flush=True)
+    for note in result.notes:
+        print(f"  note: {note}", file=sys.stderr, flush=True)
+    return {"hwdb": str(path), "changed": report.added + report.replaced}
+
+
+def task_probe():
+    """measure this node's GPU into hwdb/<gpu>.toml: doit probe (all) or doit probe:<name>"""
+    hwdb_dir = Path.cwd() / "hwdb"
+    for name in registry.ORDER:
+        doc = (registry.probe(name).__doc__ or name).strip().splitlines()[0]
+        yield {"name": name, "doc": doc, "actions": [(run_probe, [name, hwdb_dir])],
+               "uptodate": [False], "verbosity": 2}
