@@ -64,15 +64,20 @@ def resolve(hardware: Hardware, measured: bool = True) -> dict[str, PlanInput]:
 
     # Bytes in flight per SM that saturate DRAM: measured, else one 16-byte
     # access per resident thread, LOADS_IN_FLIGHT deep.
-    inputs["saturating_bytes_per_sm"] = fact("dram_bytes_in_flight_90") or PlanInput(
-        inputs["max_threads_per_sm"].value * 16 * LOADS_IN_FLIGHT,
-        f"{inputs['max_threads_per_sm'].source} x 16 B x {LOADS_IN_FLIGHT} loads")
+    latency, clock = fact("dram_latency_cycles"), fact("sm_clock_under_load", "boost_clock")
+    inputs["saturating_bytes_per_sm"] = fact("dram_bytes_in_flight_90") or (
+        # Little's law: bytes in flight = bandwidth x latency
+        PlanInput(inputs["dram_bandwidth"].value * latency.value / (clock.value * 1e6) / inputs["sm_count"].value,
+                  f"Little's law: {inputs['dram_bandwidth'].source} x {latency.source} / {clock.source}")
+        if latency else
+        PlanInput(inputs["max_threads_per_sm"].value * 16 * LOADS_IN_FLIGHT,
+                  f"{inputs['max_threads_per_sm'].source} x 16 B x {LOADS_IN_FLIGHT} loads"))
 
     # Lanes a row apart (a thread per row): useful share of each 4-byte access.
     inputs["uncoalesced_penalty"] = fact("uncoalesced_penalty") or PlanInput(
         SECTOR_BYTES / 4, f"prior constant: a {SECTOR_BYTES}-byte sector per 4-byte access")
 
-    latency, clock = fact("shared_latency_cycles"), fact("sm_clock_under_load", "boost_clock")
+    latency = fact("shared_latency_cycles")
     inputs["block_reduction_seconds"] = (
         PlanInput(SHARED_ROUND_TRIPS * latency.value / (clock.value * 1e6),
                   f"{SHARED_ROUND_TRIPS} x {latency.source} / {clock.source}") if latency

@@ -12,7 +12,7 @@ from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
 from aicg import nvrtc
-from aicg.tasks import doit_tasks
+from aicg.tasks import doit_tasks, probe_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,8 @@ def doit(project: Path, *args: str, cache: Path | None = None, env: dict | None 
     cmd_run.opt_outfile["default"] = out   # doit bound sys.stdout when it was imported
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            loader = ModuleTaskLoader({"task_instance": doit_tasks.task_instance, "DOIT_CONFIG": doit_tasks.DOIT_CONFIG})
+            loader = ModuleTaskLoader({"task_instance": doit_tasks.task_instance, "task_probe": probe_tasks.task_probe,
+                                       "DOIT_CONFIG": doit_tasks.DOIT_CONFIG})
             code = DoitMain(loader).run(list(args))
     finally:
         cmd_run.opt_outfile["default"] = default_outfile

@@ -1,0 +1,65 @@
+"""GPU tests of the probes: each runs on the device and gives sane, well-formed figures.
+
+Skipped without a GPU (CI has none); run on a GPU node with `pytest -m gpu`.
+The figures themselves are judged in docs/performance.md, not here: a test
+asserts what must hold on any GPU, never a speed.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aicg import hw, plan_inputs
+from aicg.probe import registry
+from aicg.runtime import driver
+from doit_project import doit, make_project
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(driver.probe_device() is None, reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from aicg.probe.gpu import ProbeGPU
+    device = ProbeGPU(progress=lambda line: None)
+    yield device
+    device.close()
+
+
+@pytest.mark.parametrize("name", ["attributes", "launch", "atomics", "banks"])
+def test_a_probe_gives_positive_finite_figures_in_their_declared_units(gpu, name):
+    module = registry.probe(name)
+    result = module.run(gpu)
+    assert result.figures
+    for fig in result.figures:
+        assert module.FIGURES[fig.name] == fig.unit
+        assert math.isfinite(fig.value) and fig.value > 0, fig
+        assert fig.repetitions >= 1 and 0 <= fig.spread < 1, fig
+
+
+def test_attributes_agree_with_the_driver(gpu):
+    figures = {f.name: f.value for f in registry.probe("attributes").run(gpu).figures}
+    info = driver.probe_device()
+    assert figures["sm_count"] == info.sm_count and figures["l2_cache"] == info.l2_bytes
+    # the clock seen under load is a real clock: within the device's range
+    assert 100 < figures["sm_clock_under_load"] <= 1.05 * figures["boost_clock"]
+
+
+def test_bank_conflicts_cost_more_than_conflict_free_access(gpu):
+    figures = {f.name: f.value for f in registry.probe("banks").run(gpu).figures}
+    assert figures["shared_bank_conflict_32way_penalty"] > 2
+
+
+def test_doit_probe_writes_the_measured_section_that_plans_then_read(tmp_path):
+    project = make_project(tmp_path / "proj")
+    run = doit(project, "probe:launch")
+    assert run.code == 0, run.output
+    info = driver.probe_device()
+    entry = next(p for p in (project / "hwdb").glob("*.toml")
+                 if hw.load(p).name == info.name) if info.name == "NVIDIA H200" else None
+    if entry is None:
+        pytest.skip("the entry of this GPU has no datasheet facts to plan with")
+    inputs = plan_inputs.resolve(hw.load(entry))
+    assert inputs["launch_seconds"].source.startswith("measured launch_overhead (launch probe, ")
+    assert (project / "hwdb" / f"{entry.stem}.curves.json").exists()
