@@ -111,8 +111,8 @@ def test_strided_reads_are_live(ptx_of):
         assert re.search(r"st\.global\.u32", body), f"{entry}: the fold is not stored, loads may go"
 
 
-@pytest.mark.parametrize("width,instruction", [(4, r"ld\.shared\.u32"), (8, r"ld\.shared\.v2\.u32"),
-                                               (16, r"ld\.shared\.v4\.u32")])
+@pytest.mark.parametrize("width,instruction", [(4, r"ld\.volatile\.shared\.u32"), (8, r"ld\.volatile\.shared\.v2\.u32"),
+                                               (16, r"ld\.volatile\.shared\.v4\.u32")])
 def test_bank_conflict_loads_stay_in_the_loop(ptx_of, width, instruction):
     body = ptx_of("banks.cu")[f"bank_conflicts_{width}"]
     assert any(len(re.findall(instruction, loop)) >= banks.UNROLL for loop in _loops(body))

@@ -19,6 +19,8 @@ must keep in flight per SM before bandwidth stops growing).
 """
 from __future__ import annotations
 
+import statistics
+
 from ..runtime import driver
 from . import curves
 from .figures import Curve, ProbeResult, figure
@@ -62,16 +64,37 @@ def run(gpu) -> ProbeResult:
 
     best: dict[str, list[float]] = {}
     width_points: dict[str, list] = {op: [] for op in ("read", "write", "copy", "triad")}
+
+    def keep_best(op: str, rates: list[float]) -> None:
+        if op not in best or statistics.median(rates) > statistics.median(best[op]):
+            best[op] = rates
+
     for width in WIDTHS:
         for op, (work, nbytes) in launches(width, full_grid, BLOCK).items():
             rates = _bandwidth(gpu.repeat(work, REPETITIONS, LAUNCHES), nbytes)
-            width_points[op].append((width, sorted(rates)[len(rates) // 2]))
-            if op not in best or sorted(rates)[len(rates) // 2] > sorted(best[op])[len(best[op]) // 2]:
-                best[op] = rates
+            width_points[op].append((width, statistics.median(rates)))
+            keep_best(op, rates)
             gpu.progress(f"  dram {op} {width:2d} B: {width_points[op][-1][1] / 1e12:.2f} TB/s")
+    # evict-first (ld/st .cs) variants of the two write-heavy operations, 16-byte accesses
+    n = BUFFER_BYTES // 16
+    streaming = {
+        "copy": (gpu.kernel("dram.cu", "copy_cs_w16"), [(a.ptr, "ptr"), (b.ptr, "ptr"), (n, "i64")], 2),
+        "triad": (gpu.kernel("dram.cu", "triad_cs_w16"),
+                  [(a.ptr, "ptr"), (b.ptr, "ptr"), (c.ptr, "ptr"), (n, "i64"), (3, "u32")], 3)}
+    for depth in (4, 8):   # blocked copies: one tile per block, the grid covering the array once
+        kernel, grid = gpu.kernel("dram.cu", f"copy_tile{depth}_w16"), -(-n // (BLOCK * depth))
+        streaming[f"copy tile{depth}"] = (kernel, [(a.ptr, "ptr"), (b.ptr, "ptr"), (n, "i64")], 2, grid)
+    for op, (kernel, args, arrays, *grid) in streaming.items():
+        launch_grid = grid[0] if grid else full_grid
+        rates = _bandwidth(gpu.repeat(lambda: kernel.launch(launch_grid, BLOCK, args), REPETITIONS, LAUNCHES),
+                           arrays * BUFFER_BYTES)
+        keep_best(op.split()[0], rates)
+        label = op if "tile" in op else f"{op} evict-first"
+        gpu.progress(f"  dram {label} 16 B: {statistics.median(rates) / 1e12:.2f} TB/s")
     for op in ("read", "write", "copy", "triad"):
         result.figures.append(figure(f"dram_{op}_bandwidth", best[op], "byte/s",
-                                     f"{op} of 2 GiB arrays, best of access widths 4/8/16 B, {BLOCK}-thread blocks "
+                                     f"{op} of 2 GiB arrays, best of access widths 4/8/16 B (copy and triad also with evict-first "
+                                     f"hints, copy also one tile per block), {BLOCK}-thread blocks "
                                      f"filling every SM, {UNROLL} accesses in flight per thread; bytes read + written "
                                      "over event time"))
         result.curves[f"{op}_by_width"] = Curve("access width (byte)", "bandwidth (byte/s)", tuple(width_points[op]))

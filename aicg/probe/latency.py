@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import curves
-from .figures import Curve, ProbeResult, figure
+from .figures import Curve, Figure, ProbeResult, figure
 
 NAME = "latency"
 SOURCES = (("latency.cu", ("sm_80", "sm_90")),)
@@ -47,6 +47,7 @@ FIGURES = {"l1_latency_cycles": "cycle", "l2_latency_cycles": "cycle", "dram_lat
            "l2_capacity_latency_knee": "byte"}
 
 LINE_BYTES = 128              # as in latency.cu: one pointer per line
+SWEEP_STEP = 2 ** (1 / 3)      # three working sets per octave
 SIZES = sorted({round(2 ** (13 + k / 3) / LINE_BYTES) * LINE_BYTES for k in range(3 * 17 + 1)})  # 8 KiB .. 1 GiB
 STEPS = 16384                 # timed loads per launch (a multiple of 8)
 WARM_STEPS_PAST_L2 = 16384    # beyond twice the L2, a full lap would not be kept: warm only TLBs and code
@@ -154,21 +155,14 @@ def figures_from_sweep(sweep: dict[int, list[float]], l2_bytes: int, result: Pro
                             f"the first-level TLB's reach): l2_latency_cycles is the first, {_describe(found.l2)}; "
                             f"the capacity knee is read off the last, {_describe(found.l2_last)}")
 
-    knees = _knees(xs, ys, found)
-    repetitions = min(len(s) for s in sweep.values())
-    for name in ("l1", "l2"):
-        if name not in knees:
-            continue
-        # the knee's spread: the same reading on each repetition's own curve
-        per_rep = []
-        for r in range(repetitions):
-            rep_ys = [sweep[x][r] for x in xs]
-            rep_knee = _knees(xs, rep_ys, latency_levels(xs, rep_ys, l2_bytes)).get(name)
-            if rep_knee is not None:
-                per_rep.append(rep_knee)
-        result.figures.append(figure(f"{name}_capacity_latency_knee", per_rep or [knees[name]], "byte",
-                                     f"{method}; where the latency curve crosses midway (geometric) from the "
-                                     f"{name} plateau to the next, per repetition"))
+    # A knee is known to within the sweep's step: that step is its spread (the
+    # repetitions agree on the levels far better than on which points a gradual
+    # transition assigns to which level).
+    for name, x in _knees(xs, ys, found).items():
+        result.figures.append(Figure(f"{name}_capacity_latency_knee", x, "byte",
+                                     f"{method}; where the median curve crosses midway (geometric) from the "
+                                     f"{name} plateau to the next; spread = one sweep step", REPETITIONS,
+                                     round(SWEEP_STEP - 1, 4)))
 
 
 def _chase_global(gpu, lines, next_buf, cycles, last, size: int, l2_bytes: int) -> list[float]:
@@ -179,8 +173,13 @@ def _chase_global(gpu, lines, next_buf, cycles, last, size: int, l2_bytes: int) 
     link.launch(gpu.sm_count * 4, 256, [(lines.ptr, "ptr"), (next_buf.ptr, "ptr"), (count, "i64")])
     warm = count if size <= 2 * l2_bytes else WARM_STEPS_PAST_L2
     chase = gpu.kernel("latency.cu", "chase_global")
+    # Where a lap is not warmed whole, each repetition starts further along the cycle: lines an
+    # earlier repetition touched would answer from L2.
+    order = np.random.default_rng(SEED).permutation(count) if warm < count else None
     samples = []
-    for _ in range(REPETITIONS):
+    for r in range(REPETITIONS):
+        if order is not None:
+            start = int(order[(r * (warm + STEPS)) % count])
         chase.launch(1, 1, [(lines.ptr, "ptr"), (start, "u32"), (warm, "i64"), (STEPS, "int"),
                             (cycles.ptr, "ptr"), (last.ptr, "ptr")])
         gpu.synchronize()

@@ -17,6 +17,7 @@ bandwidth is the speed-up of such a cached sweep.
 from __future__ import annotations
 
 import math
+import statistics
 
 from . import curves
 from .figures import Curve, ProbeResult, figure
@@ -29,8 +30,8 @@ FIGURES = {"l1_read_bandwidth": "byte/s", "l1_capacity_knee": "byte",
 KEY = 0x9E3779B9
 TARGET_BYTES = 1 << 32       # per launch: long against launch overhead at L1 speeds
 PER_SM_BLOCKS, PER_SM_THREADS = 2, 512
-PER_SM_SIZES = [int(2 ** (k / 2)) * 1024 for k in range(6, 20)]          # 8 KiB .. 724 KiB
-GPU_SIZES = [int(2 ** (k / 3)) * (1 << 20) for k in range(0, 3 * 9 + 1)]   # 1 MiB .. 512 MiB, 3 per octave
+PER_SM_SIZES = [int(2 ** (k / 2) * 1024) for k in range(6, 20)]          # 8 KiB .. 724 KiB
+GPU_SIZES = [int(2 ** (k / 3) * (1 << 20)) for k in range(0, 3 * 9 + 1)]   # 1 MiB .. 512 MiB, 3 per octave
 GPU_THREADS = 512
 
 
@@ -57,8 +58,10 @@ def _level_figures(name: str, sweep, level: str, unit_note: str, result: ProbeRe
         return
     knee = falls[0]
     on_level = [s for size, s in sweep if knee.before.first_x <= size <= knee.before.last_x]
-    result.figures.append(figure(f"{level}_read_bandwidth", [max(s) for s in on_level], "byte/s",
-                                 f"{unit_note}: bandwidth over the plateau before the first fall (best sample per size)"))
+    best = max(on_level, key=statistics.median)
+    result.figures.append(figure(f"{level}_read_bandwidth", best, "byte/s",
+                                 f"{unit_note}: the working set of highest bandwidth on the plateau before the "
+                                 "first fall, its repetitions"))
     # the knee position's spread: where the same analysis puts it on each repetition's curve
     per_rep = []
     for r in range(min(len(s) for _, s in sweep)):

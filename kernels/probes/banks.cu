@@ -5,8 +5,10 @@
 // the most distinct words any one bank is asked for, so the time per load
 // grows with the conflict's ways.
 //
-// Loads are volatile asm (each one issued, none hoisted out of the loop) and
-// fold into a value written only when it equals a key no input produces.
+// Loads are ld.volatile.shared in volatile asm: ptxas, not only the front end,
+// must issue every one, though each lane reads one address over and over.
+// They are summed (a xor of a value with itself would cancel, and let the
+// loads go) into a value written only when it equals a key no input produces.
 // Each block writes the clock64 span of its loop, between two barriers.
 #define UNROLL 16
 #define MAX_STRIDE 33
@@ -16,20 +18,20 @@ template <int BYTES> __device__ __forceinline__ unsigned load_fold(unsigned addr
 
 template <> __device__ __forceinline__ unsigned load_fold<4>(unsigned addr) {
     unsigned x;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(x) : "r"(addr) : "memory");
+    asm volatile("ld.volatile.shared.u32 %0, [%1];" : "=r"(x) : "r"(addr) : "memory");
     return x;
 }
 
 template <> __device__ __forceinline__ unsigned load_fold<8>(unsigned addr) {
     unsigned x, y;
-    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(x), "=r"(y) : "r"(addr) : "memory");
-    return x ^ y;
+    asm volatile("ld.volatile.shared.v2.u32 {%0,%1}, [%2];" : "=r"(x), "=r"(y) : "r"(addr) : "memory");
+    return x + y;
 }
 
 template <> __device__ __forceinline__ unsigned load_fold<16>(unsigned addr) {
     unsigned x, y, z, w;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(addr) : "memory");
-    return x ^ y ^ z ^ w;
+    asm volatile("ld.volatile.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(addr) : "memory");
+    return x + y + z + w;
 }
 
 template <int BYTES>
@@ -43,7 +45,7 @@ __device__ void conflict_loop(unsigned* words, int stride, int iterations, unsig
     long long begin = clock64();
     for (int it = 0; it < iterations; ++it) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) acc ^= load_fold<BYTES>(addr);
+        for (int u = 0; u < UNROLL; ++u) acc += load_fold<BYTES>(addr);
     }
     __syncthreads();
     long long end = clock64();

