@@ -47,6 +47,7 @@ class Candidate:
     params: dict
     rules: tuple[str, ...]
     predicted_seconds: tuple[float, ...]   # one per workload shape
+    prior: str = "datasheet model"         # what predicted them
 
     @property
     def score(self) -> float:
@@ -56,12 +57,12 @@ class Candidate:
     def as_record(self) -> dict:
         return {"id": self.id, "op": self.op, "family": self.family, "dtype": self.dtype,
                 "params": self.params, "rules": list(self.rules),
-                "predicted_seconds": list(self.predicted_seconds)}
+                "predicted_seconds": list(self.predicted_seconds), "prior": self.prior}
 
     @classmethod
     def from_record(cls, r: dict) -> "Candidate":
         return cls(r["id"], r["op"], r["family"], r["dtype"], dict(r["params"]), tuple(r["rules"]),
-                   tuple(r["predicted_seconds"]))
+                   tuple(r["predicted_seconds"]), r.get("prior", "datasheet model"))
 
 
 def candidate_id(family: str, dtype: str, p: dict) -> str:
@@ -121,6 +122,21 @@ def _combinations(family: Family):
         yield dict(zip(names, values))
 
 
+def runnable_params(family: Family, dtype_name: str, hw: dict):
+    """Every parameter combination of `family` the target can run in `dtype` (rules aside)."""
+    dtype = DTYPES[dtype_name]
+    for p in _combinations(family):
+        if p["threads"] > hw["max_threads_per_block"] or p["threads"] % 32:
+            continue
+        if p["vec_bytes"] < dtype.size or p["vec_bytes"] % dtype.size:
+            continue
+        # a held row must leave every thread of a full block its registers
+        held = p["cache_packs"] * (p["vec_bytes"] // dtype.size)
+        if (BASE_REGISTERS + REGISTER_MARGIN + held) * p["threads"] > hw["registers_per_sm"]:
+            continue
+        yield p
+
+
 def _structure(c: Candidate) -> tuple:
     """What makes two candidates structurally different: how a row is split, and whether it is held."""
     return c.params["topology"], c.params["cache_packs"] > 0
@@ -137,8 +153,9 @@ def _best_spread(pool: list[Candidate], count: int) -> list[Candidate]:
 
 
 def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dtypes, shapes, hw: dict,
-            per_family: int) -> list[Candidate]:
-    """The candidates to build for `op`, best predicted first within each (family, dtype)."""
+            per_family: int, measured=None) -> list[Candidate]:
+    """The candidates to build for `op`, best predicted first within each (family, dtype).
+    `measured` (a realisation.MeasuredPrior) predicts what it measured; the datasheet model the rest."""
     chosen: list[Candidate] = []
     for family in families:
         for dtype_name in dtypes:
@@ -147,31 +164,31 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 continue
             dtype = DTYPES[dtype_name]
             pool = []
-            for p in _combinations(family):
-                if p["threads"] > hw["max_threads_per_block"] or p["threads"] % 32:
-                    continue
-                if p["vec_bytes"] < dtype.size or p["vec_bytes"] % dtype.size:
-                    continue
-                # a held row must leave every thread of a full block its registers
-                held = p["cache_packs"] * (p["vec_bytes"] // dtype.size)
-                if (BASE_REGISTERS + REGISTER_MARGIN + held) * p["threads"] > hw["registers_per_sm"]:
-                    continue
+            for p in runnable_params(family, dtype_name, hw):
                 extra = [pr.rule for pr in family.param_rules if _WHEN[pr.when](p[pr.param], dtype)]
                 if not all(legality.rules[r].legal for r in extra):
                     continue
                 rules = tuple(dict.fromkeys(family.rules + tuple(extra)))
-                times = tuple(predict_seconds(family, dtype_name, p, s, hw) for s in shapes)
+                times, prior = _predict(family, dtype_name, p, shapes, hw, measured)
                 pool.append(Candidate(candidate_id(family.name, dtype_name, p), op, family.name,
-                                      dtype_name, p, rules, times))
+                                      dtype_name, p, rules, times, prior))
             chosen.extend(_best_spread(pool, per_family))
     return chosen
 
 
-def plan_workload(ruleset, prof, hw: dict, per_family: int | None = None) -> dict:
+def _predict(family: Family, dtype_name: str, p: dict, shapes, hw: dict, measured) -> tuple[tuple, str]:
+    if measured is not None:
+        times = [measured(family, dtype_name, p, s) for s in shapes]
+        if None not in times:
+            return tuple(times), measured.profile.source()
+    return tuple(predict_seconds(family, dtype_name, p, s, hw) for s in shapes), "datasheet model"
+
+
+def plan_workload(ruleset, prof, hw: dict, per_family: int | None = None, measured=None) -> dict:
     """op -> ({dtype: Legality}, [Candidate]) for every operator of a profile's workload."""
     planned = {}
     for op, work in prof.workload.items():
         decided = decide_all(op, work.dtypes, ruleset, prof.preservation, prof.choice)
         planned[op] = (decided, plan_op(op, decided, ruleset.families_of(op), work.dtypes, work.shapes, hw,
-                                        per_family or prof.candidates_per_family))
+                                        per_family or prof.candidates_per_family, measured))
     return planned

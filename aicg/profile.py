@@ -70,6 +70,7 @@ class Profile:
     workload: dict[str, Workload]
     cache: dict          # store settings of the profile's [cache] table (see aicg/config.py)
     synthesis: Synthesis | None = None
+    prior: str = "measured"   # "measured": the realisation profile where the GPU has one; "datasheet": never
 
 
 def _shapes(table: tomlfile.Table) -> tuple[tuple[int, int], ...]:
@@ -130,6 +131,7 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     per_family = plan.get("candidates_per_family", int, default=4)
     if per_family < 1:
         raise plan.error("candidates_per_family", "an integer >= 1", per_family)
+    prior = plan.get("prior", str, default="measured", choices={"measured", "datasheet"})
     plan.done()
 
     validation = doc.table("validation", default={})
@@ -147,4 +149,4 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     doc.done()
     return Profile(path, name, target, Preservation(preset_name, axes, tolerance),
                    RuleChoice(forbid, frozenset(select) if select is not None else None),
-                   per_family, trials, repetitions, workload, cache, synthesis)
+                   per_family, trials, repetitions, workload, cache, synthesis, prior)

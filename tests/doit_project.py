@@ -82,6 +82,7 @@ def doit(project: Path, *args: str, cache: Path | None = None, env: dict | None 
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             loader = ModuleTaskLoader({"task_instance": doit_tasks.task_instance, "task_probe": probe_tasks.task_probe,
+                                       "task_primitives": probe_tasks.task_primitives,
                                        "DOIT_CONFIG": doit_tasks.DOIT_CONFIG})
             code = DoitMain(loader).run(list(args))
     finally:

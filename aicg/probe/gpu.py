@@ -62,6 +62,7 @@ class ProbeGPU:
         self.timer = driver.EventTimer()
         self._progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
         self._kernels: dict[tuple[str, str, str], driver.Kernel] = {}
+        self._cubins: dict[tuple[str, str], bytes] = {}
         self._buffers: list[driver.Buffer] = []
 
     @property
@@ -98,7 +99,9 @@ class ProbeGPU:
         arch = arch or self.arch
         key = (file, entry, arch)
         if key not in self._kernels:
-            self._kernels[key] = driver.Kernel(compile_probe(file, arch), entry)
+            if (file, arch) not in self._cubins:       # one compilation per file, however many entries
+                self._cubins[file, arch] = compile_probe(file, arch)
+            self._kernels[key] = driver.Kernel(self._cubins[file, arch], entry)
         return self._kernels[key]
 
     def buffer(self, nbytes: int) -> driver.Buffer:

@@ -136,7 +136,7 @@ class BuildReporter(ConsoleReporter):
     @staticmethod
     def _is_step(task) -> bool:
         """A step of the instance (probes measure the node; reports print): only steps are counted."""
-        return bool(task.actions) and task.name not in REPORTS and not task.name.startswith("probe:")
+        return bool(task.actions) and task.name not in REPORTS and task.name.split(":")[0] not in ("probe", "primitives")
 
     def add_success(self, task):
         if self._is_step(task):

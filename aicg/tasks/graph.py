@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import codegen, config, digest, hw, nvrtc, plan, plan_inputs, profile, toolchain
 from ..errors import CompileError, InputChanged, InputError
+from ..primitives import realisation
 from ..store import LayeredStore
 from ..semantics import legality as legality_engine
 from ..semantics import ruleset as ruleset_loader
@@ -98,15 +99,16 @@ def _legality_step(op: str, rules, prof, decided: dict) -> Step:
                 ("semantics/legality.py", "semantics/ruleset.py", "tasks/graph.py"), targets=(out,))
 
 
-def _plan_step(op: str, rules, work, inputs, prof, candidates) -> Step:
-    reads = {"hw": {name: inputs[name].as_record() for name in plan.PLAN_INPUTS}, "families": {f.name: f.as_record() for f in rules.families_of(op)},
+def _plan_step(op: str, rules, work, inputs, prof, candidates, realised) -> Step:
+    reads = {"hw": {name: inputs[name].as_record() for name in plan.PLAN_INPUTS},
+             "realisation_profile": realised.digest if realised else None, "families": {f.name: f.as_record() for f in rules.families_of(op)},
              "dtypes": list(work.dtypes), "shapes": [list(s) for s in work.shapes],
              "candidates_per_family": prof.candidates_per_family}
     out = f"plan/{op}.json"
     record = {"op": op, "shapes": [list(s) for s in work.shapes], "candidates": [c.as_record() for c in candidates]}
     return Step(f"plan:{op}", f"enumerate and rank the legal candidates of {op}", reads,
                 lambda ctx: Result({out: to_json(record)}),
-                ("plan.py", "plan_inputs.py", "dtypes.py", "ops.py", "tasks/graph.py"), upstream=(f"legality:{op}",), targets=(out,))
+                ("plan.py", "plan_inputs.py", "primitives/realisation.py", "dtypes.py", "ops.py", "tasks/graph.py"), upstream=(f"legality:{op}",), targets=(out,))
 
 
 def _codegen_step(cand: plan.Candidate, family) -> Step:
@@ -235,10 +237,12 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
     env = Env(Path(build_dir) / prof.name, LayeredStore(store_config))
 
     steps = [_hw_step(hardware)]
-    planned = plan.plan_workload(rules, prof, hw_facts)
+    realised = realisation.load(realisation.path_for(layout.hwdb, prof.target)) if prof.prior == "measured" else None
+    measured = realisation.MeasuredPrior(realised, rules, hw_facts) if realised else None
+    planned = plan.plan_workload(rules, prof, hw_facts, measured=measured)
     for op, work in prof.workload.items():
         decided, candidates = planned[op]
-        steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, inputs, prof, candidates)]
+        steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, inputs, prof, candidates, realised)]
         for cand in candidates:
             family = rules.families[cand.family]
             steps += [_codegen_step(cand, family), _compile_step(cand, family, hardware.arch, layout),

@@ -71,3 +71,40 @@ def task_probe():
         doc = (registry.probe(name).__doc__ or name).strip().splitlines()[0]
         yield {"name": name, "doc": doc, "actions": [(run_probe, [name, hwdb_dir])],
                "uptodate": [False], "verbosity": 2}
+
+
+def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
+    from .. import hw, plan_inputs
+    from ..primitives import lab, realisation
+    from ..semantics import ruleset as ruleset_loader
+    try:
+        gpu = _gpu()
+        entry = record.entry_for(hwdb_dir, gpu.name, gpu.compute_capability)
+        limits = plan_inputs.values(plan_inputs.resolve(hw.load(entry)))
+        rules = ruleset_loader.load(rules_dir)
+        configs = lab.configurations(rules, limits)
+        print(f"  compiling {len(configs)} realisations for {gpu.arch}", file=sys.stderr, flush=True)
+        cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch)
+        before = gpu.clocks()
+        records = lab.measure(configs, cubins, gpu.attributes["L2_CACHE_SIZE"],
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+        after = gpu.clocks()
+    except (DeviceError, CompileError, InputError) as err:
+        return TaskFailed(f"primitives: {err}")
+    provenance = {"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+                  "driver": gpu.driver_version, "clocks": f"before: {before}; after: {after}",
+                  "method": f"every runnable realisation over row lengths {list(lab.COLS)} at {lab.ROW_ELEMENTS} "
+                            f"elements per launch: events around one launch, L2 flushed, median of "
+                            f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64",
+                  "repetitions": lab.REPETITIONS, "device": gpu.name, "arch": gpu.arch}
+    path = realisation.path_for(hwdb_dir, entry.stem)
+    realisation.save(path, provenance, records)
+    print(f"  wrote {len(records)} measurements to {path}", file=sys.stderr, flush=True)
+    return {"profile": str(path)}
+
+
+def task_primitives():
+    """measure every realisation of the row primitives on this node's GPU into hwdb/<gpu>.realisation.json"""
+    root = Path.cwd()
+    return {"actions": [(run_primitives, [root / "hwdb", root / "rulesets", root / "kernels"])],
+            "uptodate": [False], "verbosity": 2}

@@ -39,7 +39,7 @@ POISON_BYTE = 0xFF     # all-ones bytes are a NaN in float32 and in bfloat16
 WARMUP = 3
 
 
-def _draw(op: Operator, dtype: DType, rows: int, cols: int, trial: int, rng) -> dict[str, np.ndarray]:
+def draw(op: Operator, dtype: DType, rows: int, cols: int, trial: int, rng) -> dict[str, np.ndarray]:
     """Stored (device-format) inputs; odd trials are shifted and scaled."""
     scale, shift = (1.0, 0.0) if trial % 2 == 0 else (4.0, 3.0)
     arrays = {"x": rng.standard_normal((rows, cols), dtype=np.float32) * scale + shift}
@@ -50,7 +50,7 @@ def _draw(op: Operator, dtype: DType, rows: int, cols: int, trial: int, rng) -> 
     return {name: dtype.encode(a) for name, a in arrays.items()}
 
 
-class _Buffers:
+class Buffers:
     """Device inputs and output for one (operator, dtype, shape)."""
 
     def __init__(self, op: Operator, dtype: DType, rows: int, cols: int):
@@ -101,16 +101,23 @@ class _Buffers:
 # Timing inputs are drawn once per process and shared by every candidate of
 # the same operator, dtype and shape: drawing gigabytes per candidate would
 # cost more than the timing itself, and timing needs no fresh draw.
-_timing_buffers: dict[tuple, _Buffers] = {}
+_timing_buffers: dict[tuple, Buffers] = {}
 
 
-def _timing_buffers_for(op: Operator, dtype: DType, shape, rng) -> _Buffers:
+def _timing_buffers_for(op: Operator, dtype: DType, shape, rng) -> Buffers:
     key = (op.name, dtype.name, tuple(shape))
     if key not in _timing_buffers:
-        buffers = _Buffers(op, dtype, *shape)
-        buffers.upload(_draw(op, dtype, *shape, 0, rng))
+        buffers = Buffers(op, dtype, *shape)
+        buffers.upload(draw(op, dtype, *shape, 0, rng))
         _timing_buffers[key] = buffers
     return _timing_buffers[key]
+
+
+def release_timing_buffers() -> None:
+    """Free the shared timing inputs (a sweep over many shapes would otherwise keep them all)."""
+    for buffers in _timing_buffers.values():
+        buffers.free()
+    _timing_buffers.clear()
 
 
 def _compare(op: Operator, dtype: DType, inputs, stored: np.ndarray, rows, cols, tolerance) -> dict:
@@ -141,11 +148,11 @@ def _bitwise(op: Operator, dtype: DType, inputs, stored: np.ndarray) -> bool:
 
 def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, deterministic, bitwise, rng) -> list[dict]:
     rows, cols = min(shape[0], ROWS_CHECKED), shape[1]
-    buffers = _Buffers(op, dtype, rows, cols)
+    buffers = Buffers(op, dtype, rows, cols)
     results = []
     try:
         for trial in range(trials):
-            inputs = _draw(op, dtype, rows, cols, trial, rng)
+            inputs = draw(op, dtype, rows, cols, trial, rng)
             buffers.upload(inputs)
             first = buffers.run_poisoned(kernel, params)
             again = buffers.run_poisoned(kernel, params)
@@ -154,7 +161,7 @@ def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, determinis
             result = _compare(op, dtype, inputs, first, rows, cols, tolerance)
             # The same buffers, new inputs, no poison: a kernel that leaves a
             # previous result in place (or reads it back) is caught here.
-            fresh = _draw(op, dtype, rows, cols, trial + 1, rng)
+            fresh = draw(op, dtype, rows, cols, trial + 1, rng)
             buffers.upload(fresh)
             buffers.launch(kernel, params)
             driver.synchronize()
@@ -176,7 +183,7 @@ def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, determinis
     return results
 
 
-def _time_shape(kernel, op, dtype, params, shape, repetitions, flush: driver.Buffer, rng) -> dict:
+def time_shape(kernel, op, dtype, params, shape, repetitions, flush: driver.Buffer, rng) -> dict:
     rows, cols = shape
     buffers = _timing_buffers_for(op, dtype, shape, rng)
     for _ in range(WARMUP):
@@ -204,7 +211,7 @@ def run(cubin: bytes, op_name: str, dtype_name: str, params: dict, *, tolerance,
         timings = []
         if passed:
             with driver.Buffer(2 * device.l2_bytes) as flush:
-                timings = [_time_shape(kernel, op, dtype, params, s, repetitions, flush, rng) for s in timed_shapes]
+                timings = [time_shape(kernel, op, dtype, params, s, repetitions, flush, rng) for s in timed_shapes]
     finally:
         kernel.unload()
     # A launch that beats the memory system did not do its work where the

@@ -1,0 +1,118 @@
+"""Measuring the realisations of the row primitives on the GPU of this node.
+
+Every kernel family is a realisation of its operator's primitive (a row
+reduction as one thread, a warp tree or a block tree per row; softmax online
+or in two passes; variance by Welford or in two passes; 4- or 16-byte
+accesses; a row held in registers between sweeps or read again; exact or
+fast exp). The lab runs every parameter combination the GPU can run (rules
+aside: legality is the profile's business, the lab measures what is) over a
+grid of row lengths, per dtype, with the same kernels the build compiles:
+
+- time: device events around one launch over ROW_ELEMENTS elements, L2
+  flushed before each repetition (aicg/validate/check.py's timing), median;
+- drift: the largest |y - ref| / scale against a float64 reference on
+  DRIFT_ROWS rows of fresh normal inputs (scale per operator, ops.py);
+- bit stability: two runs and a launch split in two give identical bits.
+
+Cubins are compiled in worker processes of the host (NVRTC needs no GPU and
+holds the GIL) before anything runs on the device.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import codegen, nvrtc, plan
+from ..dtypes import DTYPES
+from ..ops import OPERATORS
+from ..runtime import driver
+from ..validate import check
+
+COLS = (32, 128, 512, 2048, 8192, 32768)
+ROW_ELEMENTS = 1 << 26        # per timed launch: 256 MiB of float32, several times the L2
+DRIFT_ROWS = 256
+REPETITIONS = 9
+DTYPES_MEASURED = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Config:
+    op: str
+    family: str
+    dtype: str
+    params: dict
+
+    @property
+    def id(self) -> str:
+        return plan.candidate_id(self.family, self.dtype, self.params)
+
+
+def configurations(ruleset, hw: dict, dtypes=DTYPES_MEASURED) -> list[Config]:
+    return [Config(family.op, family.name, dtype, p) for family in ruleset.families.values() for dtype in dtypes
+            for p in plan.runnable_params(family, dtype, hw)]
+
+
+def _compile(job: tuple) -> tuple[str, bytes]:
+    config_id, source, headers, arch = job
+    return config_id, nvrtc.compile_cubin(source, f"{config_id}.cu", headers, arch)[0]
+
+
+def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers: int | None = None) -> dict[str, bytes]:
+    """Cubins by config id, compiled in worker processes (NVRTC holds the GIL)."""
+    jobs = []
+    for c in configs:
+        family = ruleset.families[c.family]
+        jobs.append((c.id, codegen.source(c.id, family, c.dtype, c.params), nvrtc.include_closure(family.header,
+                                                                                                 kernels_dir), arch))
+    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+        return dict(pool.map(_compile, jobs, chunksize=8))
+
+
+def _drift(kernel, buffers: check.Buffers, params: dict, inputs, ref, scale, dtype) -> tuple[float, bool]:
+    first = buffers.run_poisoned(kernel, params)
+    again = buffers.run_poisoned(kernel, params)
+    split = buffers.run_poisoned(kernel, params, split=(buffers.rows + 1) // 2)
+    y = dtype.decode(first).astype(np.float64).reshape(ref.shape)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(y - ref) / scale
+    drift = float(np.nanmax(np.where(np.isnan(err), np.inf, err)))
+    return drift, first.tobytes() == again.tobytes() == split.tobytes()
+
+
+def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, progress=print) -> list[dict]:
+    """One record per (config, row length): seconds, bytes moved, drift, bit stability."""
+    rng = np.random.default_rng()
+    records = []
+    by_case: dict[tuple, list[Config]] = {}
+    for c in configs:
+        by_case.setdefault((c.op, c.dtype), []).append(c)
+    with driver.Buffer(2 * l2_bytes) as flush:
+        for (op_name, dtype_name), group in sorted(by_case.items()):
+            op, dtype = OPERATORS[op_name], DTYPES[dtype_name]
+            for cols in COLS:
+                rows = max(1, ROW_ELEMENTS // cols)
+                small = check.Buffers(op, dtype, DRIFT_ROWS, cols)
+                inputs = check.draw(op, dtype, DRIFT_ROWS, cols, 0, rng)
+                small.upload(inputs)
+                wide = {n: dtype.decode(a).astype(np.float64).reshape(a.shape) for n, a in inputs.items()}
+                ref, scale = op.reference(**wide, **dict(op.scalars))
+                for c in group:
+                    kernel = driver.Kernel(cubins[c.id], codegen.ENTRY)
+                    try:
+                        drift, stable = _drift(kernel, small, c.params, inputs, ref, scale, dtype)
+                        timing = check.time_shape(kernel, op, dtype, c.params, (rows, cols), REPETITIONS, flush, rng)
+                    finally:
+                        kernel.unload()
+                    records.append({"id": c.id, "family": c.family, "dtype": c.dtype, "params": c.params,
+                                    "rows": rows, "cols": cols, "seconds": timing["median_seconds"],
+                                    "bytes": timing["bytes"], "drift": drift, "bit_stable": stable})
+                small.free()
+                check.release_timing_buffers()
+                best = min((r for r in records if r["cols"] == cols and r["dtype"] == dtype_name
+                            and r["family"] in {c.family for c in group}), key=lambda r: r["seconds"])
+                progress(f"  {op_name:9s} {dtype_name:8s} cols {cols:5d}: {len(group):3d} realisations, best "
+                         f"{best['bytes'] / best['seconds'] / 1e12:.2f} TB/s ({best['id']})")
+    return records

@@ -1,0 +1,140 @@
+"""A GPU's realisation profile (hwdb/<gpu>.realisation.json) and the measured prior it gives.
+
+The profile holds one record per (realisation, row length) measured by the
+lab, with the provenance of the run. The prior it gives the planner is the
+structural model of plan.predict_seconds *calibrated* by measurement: for
+each realisation and measured row length, the ratio of measured to modelled
+time; for a workload shape, the model's time at that shape times the ratio
+interpolated over log(row length) (clamped at the ends of the grid). The
+model carries what changes with the row count (filling the machine, rows
+held in L2); the measurement carries what the model cannot know about the
+realisation on this GPU.
+
+Drift (the largest error against float64, relative to the operator's
+scale) and bit stability come with every record; legality reads them.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import cas, digest, plan
+from ..errors import InputError
+
+SCHEMA = 1
+PROVENANCE = ("date", "driver", "clocks", "method", "repetitions", "device", "arch")
+
+
+def path_for(hwdb_dir: Path, target: str) -> Path:
+    return Path(hwdb_dir) / f"{target}.realisation.json"
+
+
+@dataclass(frozen=True)
+class Profile:
+    path: Path
+    provenance: dict
+    records: tuple[dict, ...]
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return digest.of_value({"provenance": self.provenance, "records": list(self.records)})
+
+    def by_config(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for r in self.records:
+            out.setdefault(r["id"], []).append(r)
+        for rs in out.values():
+            rs.sort(key=lambda r: r["cols"])
+        return out
+
+    def source(self) -> str:
+        return f"realisation profile {self.path.name} ({self.provenance['device']}, {self.provenance['date']})"
+
+
+_RECORD_KEYS = {"id": str, "family": str, "dtype": str, "params": dict, "rows": int, "cols": int,
+                "seconds": float, "bytes": int, "drift": float, "bit_stable": bool}
+
+
+def _is(value, kind) -> bool:
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
+def load(path: Path) -> Profile | None:
+    """The profile at `path`, None if there is none; a malformed one is an error naming the key."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(path, "(syntax)", "valid JSON", str(err)) from None
+    if data.get("schema") != SCHEMA:
+        raise InputError(path, "schema", str(SCHEMA), data.get("schema"))
+    provenance = data.get("provenance", {})
+    for key in PROVENANCE:
+        if key not in provenance:
+            raise InputError(path, f"provenance.{key}", "a value (the key is missing)")
+    records = data.get("records")
+    if not isinstance(records, list) or not records:
+        raise InputError(path, "records", "a non-empty list of measurements")
+    for i, r in enumerate(records):
+        for key, kind in _RECORD_KEYS.items():
+            if not _is(r.get(key), kind):
+                raise InputError(path, f"records[{i}].{key}", kind.__name__, r.get(key))
+    return Profile(path, provenance, tuple(records))
+
+
+def save(path: Path, provenance: dict, records: list[dict]) -> None:
+    text = json.dumps({"schema": SCHEMA, "provenance": provenance, "records": records}, separators=(",", ":"))
+    cas.write_atomic(Path(path), (text.replace('},{"id"', '},\n{"id"') + "\n").encode())
+
+
+class MeasuredPrior:
+    """Predicted seconds of a candidate on a shape, from the profile where it measured that realisation."""
+
+    def __init__(self, profile: Profile, ruleset, hw: dict):
+        self.profile, self.ruleset, self.hw = profile, ruleset, hw
+        self._records = profile.by_config()
+        self._ratios: dict[str, tuple[list[float], list[float]]] = {}
+
+    def _calibration(self, config_id: str, family, dtype: str, p: dict):
+        if config_id not in self._ratios:
+            points = self._records.get(config_id)
+            if not points:
+                self._ratios[config_id] = None
+            else:
+                xs = [math.log(r["cols"]) for r in points]
+                ys = [math.log(r["seconds"] / plan.predict_seconds(family, dtype, p, (r["rows"], r["cols"]), self.hw))
+                      for r in points]
+                self._ratios[config_id] = (xs, ys)
+        return self._ratios[config_id]
+
+    def __call__(self, family, dtype: str, p: dict, shape) -> float | None:
+        found = self._calibration(plan.candidate_id(family.name, dtype, p), family, dtype, p)
+        if found is None:
+            return None
+        xs, ys = found
+        x = math.log(shape[1])
+        if x <= xs[0]:
+            log_ratio = ys[0]
+        elif x >= xs[-1]:
+            log_ratio = ys[-1]
+        else:
+            i = bisect.bisect_right(xs, x)
+            t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            log_ratio = ys[i - 1] + t * (ys[i] - ys[i - 1])
+        return plan.predict_seconds(family, dtype, p, shape, self.hw) * math.exp(log_ratio)
+
+    def drift(self, config_id: str, max_cols: int) -> tuple[float, int] | None:
+        """(largest drift measured up to max_cols, at which row length), or None if never measured."""
+        points = [r for r in self._records.get(config_id, []) if r["cols"] <= max(max_cols, 1)]
+        if not points:
+            return None
+        worst = max(points, key=lambda r: r["drift"])
+        return worst["drift"], worst["cols"]
