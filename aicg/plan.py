@@ -153,10 +153,16 @@ def _best_spread(pool: list[Candidate], count: int) -> list[Candidate]:
 
 
 def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dtypes, shapes, hw: dict,
-            per_family: int, measured=None) -> list[Candidate]:
+            per_family: int, measured=None, bounds: dict | None = None, rejected: list | None = None) -> list[Candidate]:
     """The candidates to build for `op`, best predicted first within each (family, dtype).
-    `measured` (a realisation.MeasuredPrior) predicts what it measured; the datasheet model the rest."""
+    `measured` (a realisation.MeasuredPrior) predicts what it measured; the datasheet model the rest.
+    With `bounds` (dtype -> rtol), a realisation whose measured drift exceeds the bound at the
+    workload's row lengths is dropped, and a rule whose every realisation was dropped is
+    reported in `rejected` with the measurement."""
     chosen: list[Candidate] = []
+    max_cols = max(cols for _, cols in shapes)
+    drifted: dict[tuple[str, str], list] = {}   # (dtype, rule) -> [(drift, cols, family)] of dropped realisations
+    kept: dict[str, set] = {}                   # dtype -> rules some kept candidate uses
     for family in families:
         for dtype_name in dtypes:
             legality = legalities[dtype_name]
@@ -164,15 +170,27 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 continue
             dtype = DTYPES[dtype_name]
             pool = []
+            bound = (bounds or {}).get(dtype_name) or 0.0   # rtol 0: exactness is checked bit for bit instead
             for p in runnable_params(family, dtype_name, hw):
                 extra = [pr.rule for pr in family.param_rules if _WHEN[pr.when](p[pr.param], dtype)]
                 if not all(legality.rules[r].legal for r in extra):
                     continue
                 rules = tuple(dict.fromkeys(family.rules + tuple(extra)))
+                drift = measured.drift(candidate_id(family.name, dtype_name, p), max_cols) if measured else None
+                if bound > 0 and drift is not None and drift[0] > bound:
+                    for rule in rules:
+                        drifted.setdefault((dtype_name, rule), []).append((*drift, family.name, bound))
+                    continue
                 times, prior = _predict(family, dtype_name, p, shapes, hw, measured)
                 pool.append(Candidate(candidate_id(family.name, dtype_name, p), op, family.name,
                                       dtype_name, p, rules, times, prior))
+            kept.setdefault(dtype_name, set()).update(r for c in pool for r in c.rules)
             chosen.extend(_best_spread(pool, per_family))
+    for (dtype_name, rule), drifts in sorted(drifted.items()):
+        if rejected is not None and rule not in kept.get(dtype_name, set()):
+            least, cols, family, bound = min(drifts)
+            rejected.append({"rule": rule, "family": family, "dtype": dtype_name, "drift": least, "cols": cols,
+                             "bound": bound, "source": measured.profile.source()})
     return chosen
 
 
@@ -184,11 +202,15 @@ def _predict(family: Family, dtype_name: str, p: dict, shapes, hw: dict, measure
     return tuple(predict_seconds(family, dtype_name, p, s, hw) for s in shapes), "datasheet model"
 
 
-def plan_workload(ruleset, prof, hw: dict, per_family: int | None = None, measured=None) -> dict:
-    """op -> ({dtype: Legality}, [Candidate]) for every operator of a profile's workload."""
+def plan_workload(ruleset, prof, hw: dict, per_family: int | None = None, measured=None,
+                  rejected: dict | None = None) -> dict:
+    """op -> ({dtype: Legality}, [Candidate]) for every operator of a profile's workload;
+    `rejected` (if given) gets op -> the rules measured drift rejected."""
     planned = {}
+    bounds = {dtype: rtol for dtype, (rtol, _atol) in prof.preservation.tolerance.items()}
     for op, work in prof.workload.items():
         decided = decide_all(op, work.dtypes, ruleset, prof.preservation, prof.choice)
+        found = [] if rejected is None else rejected.setdefault(op, [])
         planned[op] = (decided, plan_op(op, decided, ruleset.families_of(op), work.dtypes, work.shapes, hw,
-                                        per_family or prof.candidates_per_family, measured))
+                                        per_family or prof.candidates_per_family, measured, bounds, found))
     return planned

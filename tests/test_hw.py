@@ -36,7 +36,8 @@ def test_shipped_entries_load_with_every_required_fact(repo, target):
     assert h.arch == "sm_%d%d" % h.compute_capability
     for name, unit in hw.REQUIRED_FACTS.items():
         assert h.facts[name].unit == unit
-        assert h.facts[name].source == "datasheet" and h.facts[name].ref
+        # every required fact has a datasheet source, whether or not a probe measured it since
+        assert h.datasheet[name].source == "datasheet" and h.datasheet[name].ref and h.datasheet[name].unit == unit
     # Sanity relations that hold on every CUDA device.
     assert h.fact("warp_size") == 32
     assert h.fact("max_threads_per_block") <= h.fact("max_threads_per_sm")

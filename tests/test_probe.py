@@ -95,6 +95,16 @@ def _merge(path, *figs, probe="dram"):
 COPY = Figure("dram_copy_bandwidth", 4.2e12, "byte/s", "copy of 2 GiB", 7, 0.01)
 
 
+@pytest.fixture
+def hwdb_dir(hwdb_dir):
+    """The shipped hwdb with the H200's datasheet part only (no measured section, no curves)."""
+    path = hwdb_dir / "nvidia-h200.toml"
+    text = path.read_text()
+    path.write_text(text[:text.index(record.MARKER)].rstrip("\n") + "\n")
+    (hwdb_dir / "nvidia-h200.curves.json").unlink(missing_ok=True)
+    return hwdb_dir
+
+
 def test_measured_figures_join_the_entry_and_beat_the_datasheet(hwdb_dir):
     path = record.entry_for(hwdb_dir, "NVIDIA H200", (9, 0))
     assert path.name == "nvidia-h200.toml"

@@ -49,4 +49,7 @@ def explain(legalities: dict[str, Legality], ruleset, pres: Preservation, chosen
         if entry:
             time = f", {entry['measured_seconds'] * 1e6:.1f} us" if entry.get("measured_seconds") else ""
             lines.append(f"  chosen in the built instance: {entry['candidate']} ({entry['validation']}{time}; {entry['basis']})")
+            if entry.get("predicted_seconds"):
+                lines.append(f"    ranked by the {entry.get('prior') or 'datasheet model'}: predicted "
+                             f"{entry['predicted_seconds'] * 1e6:.1f} us (geometric mean over the workload's shapes)")
     return "\n".join(lines) + "\n"

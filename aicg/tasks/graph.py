@@ -59,6 +59,7 @@ class Instance:
     steps: list[Step]
     env: Env
     plan_inputs: dict   # name -> plan_inputs.PlanInput: what the plans read, and where it came from
+    drift_rejected: dict  # op -> rules rejected by measured drift, with the measurement
 
     @property
     def name(self) -> str:
@@ -99,13 +100,15 @@ def _legality_step(op: str, rules, prof, decided: dict) -> Step:
                 ("semantics/legality.py", "semantics/ruleset.py", "tasks/graph.py"), targets=(out,))
 
 
-def _plan_step(op: str, rules, work, inputs, prof, candidates, realised) -> Step:
+def _plan_step(op: str, rules, work, inputs, prof, candidates, realised, drift_rejected) -> Step:
     reads = {"hw": {name: inputs[name].as_record() for name in plan.PLAN_INPUTS},
-             "realisation_profile": realised.digest if realised else None, "families": {f.name: f.as_record() for f in rules.families_of(op)},
+             "realisation_profile": realised.digest if realised else None,
+             "tolerance": {d: list(prof.preservation.tolerance[d]) for d in work.dtypes}, "families": {f.name: f.as_record() for f in rules.families_of(op)},
              "dtypes": list(work.dtypes), "shapes": [list(s) for s in work.shapes],
              "candidates_per_family": prof.candidates_per_family}
     out = f"plan/{op}.json"
-    record = {"op": op, "shapes": [list(s) for s in work.shapes], "candidates": [c.as_record() for c in candidates]}
+    record = {"op": op, "shapes": [list(s) for s in work.shapes], "candidates": [c.as_record() for c in candidates],
+              "rejected_by_measured_drift": drift_rejected}
     return Step(f"plan:{op}", f"enumerate and rank the legal candidates of {op}", reads,
                 lambda ctx: Result({out: to_json(record)}),
                 ("plan.py", "plan_inputs.py", "primitives/realisation.py", "dtypes.py", "ops.py", "tasks/graph.py"), upstream=(f"legality:{op}",), targets=(out,))
@@ -239,10 +242,12 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
     steps = [_hw_step(hardware)]
     realised = realisation.load(realisation.path_for(layout.hwdb, prof.target)) if prof.prior == "measured" else None
     measured = realisation.MeasuredPrior(realised, rules, hw_facts) if realised else None
-    planned = plan.plan_workload(rules, prof, hw_facts, measured=measured)
+    drift_rejected: dict = {}
+    planned = plan.plan_workload(rules, prof, hw_facts, measured=measured, rejected=drift_rejected)
     for op, work in prof.workload.items():
         decided, candidates = planned[op]
-        steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, inputs, prof, candidates, realised)]
+        steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, inputs, prof, candidates, realised,
+                                                                         drift_rejected[op])]
         for cand in candidates:
             family = rules.families[cand.family]
             steps += [_codegen_step(cand, family), _compile_step(cand, family, hardware.arch, layout),
@@ -253,4 +258,4 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
                     steps += _synthesis_steps(op, dtype, rules, prof, hardware, layout, work, hw_facts, decided)
         steps.append(_select_step(op, work, candidates, prof))
     steps.append(packaging.package_step(prof, hardware, planned, rules))
-    return Instance(rules, layout, prof, hardware, steps, env, inputs)
+    return Instance(rules, layout, prof, hardware, steps, env, inputs, drift_rejected)

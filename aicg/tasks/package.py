@@ -29,7 +29,7 @@ def _synthesized_row(op: str, dtype: str, trajectory: list) -> dict | None:
         return None
     proposal, timings = last["proposal"], last["validation"]["timings"]
     return {"id": f"synth:{op}.{dtype}", "family": proposal.get("family") or f"proposal ({proposal['proposer']})",
-            "params": proposal["params"], "status": "passed", "reason": None, "predicted_seconds": None,
+            "params": proposal["params"], "status": "passed", "reason": None, "predicted_seconds": None, "prior": None,
             "measured_seconds": _geomean([t["median_seconds"] for t in timings]),
             "resources": last["resources"], "round": last["round"]}
 
@@ -43,7 +43,7 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectori
             res = results[c.id]
             timings = res.get("timings") or []
             rows.append({"id": c.id, "family": c.family, "params": c.params, "status": res["status"],
-                         "reason": res.get("reason"), "predicted_seconds": c.score,
+                         "reason": res.get("reason"), "predicted_seconds": c.score, "prior": c.prior,
                          "measured_seconds": _geomean([t["median_seconds"] for t in timings]) if timings else None,
                          "resources": reports[c.id]["resources"]})
         rows += [synthesized] if synthesized else []
@@ -122,6 +122,7 @@ def package_step(prof, hardware, planned: dict, ruleset) -> Step:
                     "scalars": dict(OPERATORS[op].scalars),
                     "validation": pick["status"], "basis": pick["basis"],
                     "measured_seconds": row["measured_seconds"], "predicted_seconds": row["predicted_seconds"],
+                    "prior": row["prior"],
                     "legal_families": legality.legal_families(), "considered": len(pick["candidates"]),
                 }
         manifest = {"schema": 1, **reads, "kernels": kernels, "unavailable": unavailable, "synthesis": synthesis,
