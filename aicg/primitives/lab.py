@@ -19,6 +19,7 @@ holds the GIL) before anything runs on the device.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -67,7 +68,8 @@ def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers:
         family = ruleset.families[c.family]
         jobs.append((c.id, codegen.source(c.id, family, c.dtype, c.params), nvrtc.include_closure(family.header,
                                                                                                  kernels_dir), arch))
-    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+    # forkserver: the caller may hold a CUDA context and threads, which a plain fork would copy
+    with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=multiprocessing.get_context("forkserver")) as pool:
         return dict(pool.map(_compile, jobs, chunksize=8))
 
 
