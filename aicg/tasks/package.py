@@ -1,7 +1,9 @@
 """Selecting one kernel per operator and dtype, and packaging the instance.
 
 Selection takes the fastest candidate that passed validation (geometric
-mean of its measured times over the workload's shapes). A candidate that
+mean of its measured times over the workload's shapes) as the operator's
+kernel, and records for every workload shape the valid candidate fastest on
+it; the package carries those too, and the runtime dispatches on the shape. A candidate that
 failed is never chosen. Where nothing could be validated on this machine,
 the best *predicted* candidate is chosen and marked unvalidated, and every
 report says so.
@@ -45,6 +47,7 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectori
             rows.append({"id": c.id, "family": c.family, "params": c.params, "status": res["status"],
                          "reason": res.get("reason"), "predicted_seconds": c.score, "prior": c.prior,
                          "measured_seconds": _geomean([t["median_seconds"] for t in timings]) if timings else None,
+                         "timings": [[*t["shape"], t["median_seconds"]] for t in timings],
                          "resources": reports[c.id]["resources"]})
         rows += [synthesized] if synthesized else []
         passed = [r for r in rows if r["status"] == "passed" and r["measured_seconds"]]
@@ -59,7 +62,20 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectori
             out.setdefault("synthesis", {})[dtype] = trajectories[dtype]
         out["dtypes"][dtype] = {"chosen": chosen["id"] if chosen else None,
                                 "status": chosen["status"] if chosen else None,
-                                "basis": basis, "candidates": rows}
+                                "basis": basis, "candidates": rows, "by_shape": _fastest_by_shape(passed)}
+    return out
+
+
+def _fastest_by_shape(passed: list[dict]) -> list[dict]:
+    """For every timed workload shape, the valid planned candidate fastest on it: one kernel
+    rarely wins every shape, and the runtime dispatches on the shape of each call."""
+    timed = [r for r in passed if r.get("timings")]
+    shapes = {(rows, cols) for r in timed for rows, cols, _ in r["timings"]}
+    out = []
+    for shape in sorted(shapes):
+        best = min(((next(t for *s, t in r["timings"] if tuple(s) == shape), r["id"]) for r in timed
+                    if any(tuple(s) == shape for *s, _ in r["timings"])))
+        out.append({"rows": shape[0], "cols": shape[1], "candidate": best[1], "measured_seconds": best[0]})
     return out
 
 
@@ -116,8 +132,21 @@ def package_step(prof, hardware, planned: dict, ruleset) -> Step:
                 path = f"kernels/{name}.cubin"
                 outputs[path] = cubin
                 row = next(r for r in pick["candidates"] if r["id"] == pick["chosen"])
+                dispatch = []
+                for choice in pick.get("by_shape", []):
+                    cand_id = choice["candidate"]
+                    if cand_id == pick["chosen"]:
+                        variant_path, variant_cubin, params = path, cubin, fields["params"]
+                    else:
+                        variant_path = f"kernels/{name}.{cand_id}.cubin"
+                        variant_cubin = ctx.upstream(f"compile:{cand_id}", f"cubin/{cand_id}.cubin")
+                        params = by_id[cand_id].params
+                        outputs[variant_path] = variant_cubin
+                    dispatch.append({**choice, "params": params, "cubin": variant_path,
+                                     "cubin_digest": digest.of_bytes(variant_cubin)})
                 kernels[name] = {
                     "op": op, "dtype": dtype, **fields, "cubin": path, "cubin_digest": digest.of_bytes(cubin),
+                    "dispatch": dispatch,
                     "entry": codegen.ENTRY, "arguments": OPERATORS[op].argument_names(),
                     "scalars": dict(OPERATORS[op].scalars),
                     "validation": pick["status"], "basis": pick["basis"],
