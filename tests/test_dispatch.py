@@ -40,3 +40,55 @@ def test_without_a_table_the_operator_kernel_serves_every_shape():
     entry = {"cubin": "kernels/x.cubin", "params": {"threads": 256}, "dispatch": []}
     assert nearest_variant(entry, 5, 5) is entry
     assert nearest_variant({"cubin": "k", "params": {}}, 5, 5)["cubin"] == "k"
+
+
+TWO_SHAPES = """
+[instance]
+name = "small"
+target = "nvidia-h200"
+preservation = "tolerance"
+
+[plan]
+candidates_per_family = 2
+
+[[workload]]
+ops = ["softmax"]
+dtypes = ["float32"]
+shapes = [[64, 1000], [4096, 128]]
+"""
+
+
+def test_a_built_instance_carries_the_fastest_kernel_of_each_shape(tmp_path):
+    """Validations found in the store (as a GPU node leaves them) with per-shape timings that
+    disagree: the manifest names a kernel per shape, and packs each one's cubin."""
+    import json
+    import shutil
+
+    from aicg import cas, digest
+    from aicg.tasks import graph, step
+    from doit_project import doit, make_project
+
+    project = make_project(tmp_path / "proj", TWO_SHAPES)
+    assert doit(project, "build", "profile=rulesets/profiles/small.toml").code == 0
+    instance = graph.load_instance(graph.Layout(project), project / "rulesets/profiles/small.toml", project / "build")
+    validates = [s for s in instance.steps if s.name.startswith("validate:")][:2]
+    local = instance.env.store.local
+    for i, validate in enumerate(validates):
+        fast, slow = (1e-6, 9e-6) if i == 0 else (9e-6, 1e-6)   # the first wins the first shape, the second the other
+        record = {"status": "passed", "device": "NVIDIA H200", "checks": [],
+                  "timings": [{"shape": [64, 1000], "median_seconds": fast},
+                              {"shape": [4096, 128], "median_seconds": slow}]}
+        out = validate.targets[0]
+        local.put_action(cas.ActionEntry(step.key(validate, instance.env), "validate",
+                                         {out: local.put_blob(graph.to_json(record))}))
+    shutil.rmtree(project / "build")
+    assert doit(project, "build", "profile=rulesets/profiles/small.toml").code == 0
+    root = project / "build/small"
+    entry = json.loads((root / "manifest.json").read_text())["kernels"]["softmax.float32"]
+    names = [v.name.split(":", 1)[1] for v in validates]
+    assert [(v["rows"], v["cols"], v["candidate"]) for v in entry["dispatch"]] == [(64, 1000, names[0]),
+                                                                                   (4096, 128, names[1])]
+    for variant in entry["dispatch"]:
+        assert digest.of_bytes((root / variant["cubin"]).read_bytes()) == variant["cubin_digest"]
+    assert nearest_variant(entry, 100, 900)["candidate"] == names[0]
+    assert nearest_variant(entry, 10_000, 100)["candidate"] == names[1]
