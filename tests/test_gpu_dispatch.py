@@ -1,0 +1,50 @@
+"""GPU test: an instance validated on the device dispatches each call to its shape's kernel.
+
+Skipped without an H200 (the hwdb target); run on the device with `pytest -m gpu`.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aicg.runtime import driver
+from aicg.runtime.instance import nearest_variant
+from doit_project import doit, make_project
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    driver.probe_device() is None or driver.probe_device().name != "NVIDIA H200", reason="needs an NVIDIA H200")]
+
+PROFILE = """
+[instance]
+name = "small"
+target = "nvidia-h200"
+preservation = "tolerance"
+[plan]
+candidates_per_family = 2
+[validation]
+timing_repetitions = 5
+[[workload]]
+ops = ["softmax"]
+dtypes = ["float32"]
+shapes = [[300, 20000], [20000, 96]]
+"""
+
+
+def test_each_shape_runs_the_kernel_measured_fastest_on_it(tmp_path):
+    torch = pytest.importorskip("torch")
+    import aicg
+    project = make_project(tmp_path / "proj", PROFILE)
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    assert run.code == 0, run.output
+    root = project / "build/small"
+    entry = json.loads((root / "manifest.json").read_text())["kernels"]["softmax.float32"]
+    assert entry["validation"] == "passed" and len(entry["dispatch"]) == 2
+    inst = aicg.load(root)
+    for rows, cols in [(300, 20000), (20000, 96), (7, 333)]:
+        x = torch.randn(rows, cols, device="cuda") * 3
+        y = inst.softmax(x)
+        ref = torch.softmax(x.double(), -1)
+        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-7)
+        variant = nearest_variant(entry, rows, cols)
+        assert (variant["cubin"], 0) in inst.softmax._loaded
