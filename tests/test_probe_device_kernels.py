@@ -9,7 +9,6 @@ buffers it may touch.
 """
 from __future__ import annotations
 
-import functools
 import math
 import re
 import statistics
@@ -17,10 +16,10 @@ import statistics
 import numpy as np
 import pytest
 
-from aicg import nvrtc
 from aicg.errors import DeviceError
 from aicg.probe import async_copy, atomics, curves, tensor_cores
 from aicg.probe.figures import ProbeResult
+import probe_ptx
 from aicg.probe.gpu import KERNELS_DIR, PROBE_KERNELS, compile_probe
 
 PROBES = (tensor_cores, async_copy, atomics)
@@ -28,31 +27,7 @@ SOURCES = [(file, arch) for probe in PROBES for file, arches in probe.SOURCES fo
 REGISTERS_PER_SM = 65536
 
 
-@functools.cache
-def _ptx(file: str, arch: str) -> str:
-    from cuda.bindings import nvrtc as rtc
-    source = (KERNELS_DIR / PROBE_KERNELS / file).read_bytes()
-    err, prog = rtc.nvrtcCreateProgram(source, file.encode(), 0, [], [])
-    assert err == rtc.nvrtcResult.NVRTC_SUCCESS
-    try:
-        options = [f"-arch=compute_{arch.removeprefix('sm_')}".encode(), *(o.encode() for o in nvrtc.OPTIONS)]
-        (err,) = rtc.nvrtcCompileProgram(prog, len(options), options)
-        assert err == rtc.nvrtcResult.NVRTC_SUCCESS, f"{file} for {arch}: {err}"
-        err, size = rtc.nvrtcGetPTXSize(prog)
-        assert err == rtc.nvrtcResult.NVRTC_SUCCESS
-        ptx = b" " * size
-        (err,) = rtc.nvrtcGetPTX(prog, ptx)
-        assert err == rtc.nvrtcResult.NVRTC_SUCCESS
-    finally:
-        rtc.nvrtcDestroyProgram(prog)
-    return ptx.rstrip(b"\x00").decode()
-
-
-@functools.cache
-def _entries(file: str, arch: str) -> dict[str, str]:
-    """Each entry's PTX (parameter list and body), by name."""
-    parts = re.split(r"^\.visible \.entry (\w+)\(", _ptx(file, arch), flags=re.M)
-    return dict(zip(parts[1::2], parts[2::2]))
+_ptx, _entries, _loops, _report = probe_ptx.ptx, probe_ptx.entries, probe_ptx.loops, probe_ptx.report
 
 
 def _parameters(body: str) -> list[str]:
@@ -60,27 +35,8 @@ def _parameters(body: str) -> list[str]:
     return re.findall(r"\.param \.(\w+)", body.split(")", 1)[0])
 
 
-def _loops(body: str) -> list[str]:
-    """The PTX between each label and a later branch back to it: the loop bodies."""
-    loops = []
-    for label in re.finditer(r"^(\$L__\w+):", body, flags=re.M):
-        back = re.search(rf"bra(?:\.uni)?\s+{re.escape(label.group(1))};", body[label.end():])
-        if back:
-            loops.append(body[label.end():label.end() + back.start()])
-    return loops
-
-
 def _most_in_a_loop(body: str, pattern: str) -> int:
     return max((len(re.findall(pattern, loop)) for loop in _loops(body)), default=0)
-
-
-@functools.cache
-def _report(file: str, arch: str) -> dict[str, str]:
-    """ptxas' verbose report, split by entry."""
-    name = f"{PROBE_KERNELS}/{file}"
-    _, _, log = nvrtc.compile_cubin((KERNELS_DIR / name).read_text(), name, {}, arch)
-    parts = re.split(r"Compiling entry function '(\w+)'", log)
-    return dict(zip(parts[1::2], parts[2::2]))
 
 
 def _registers(file: str, arch: str, entry: str) -> int:

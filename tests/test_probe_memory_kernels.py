@@ -10,56 +10,17 @@ import re
 
 import pytest
 
-from aicg import nvrtc
 from aicg.probe import banks, latency, stride
 from aicg.probe.figures import ProbeResult
-from aicg.probe.gpu import KERNELS_DIR, PROBE_KERNELS, compile_probe
+import probe_ptx
+from aicg.probe.gpu import compile_probe
 
 PROBES = (latency, stride, banks)
 SOURCES = [(file, arch) for probe in PROBES for file, arches in probe.SOURCES for arch in arches]
 REGISTERS_PER_SM = 65536     # sm_80 and sm_90
 
 
-def _ptx(file: str, arch: str) -> str:
-    from cuda.bindings import nvrtc as rtc
-    source = (KERNELS_DIR / PROBE_KERNELS / file).read_bytes()
-    err, prog = rtc.nvrtcCreateProgram(source, file.encode(), 0, [], [])
-    assert err == rtc.nvrtcResult.NVRTC_SUCCESS
-    try:
-        options = [f"-arch=compute_{arch.removeprefix('sm_')}".encode(), *(o.encode() for o in nvrtc.OPTIONS)]
-        (err,) = rtc.nvrtcCompileProgram(prog, len(options), options)
-        assert err == rtc.nvrtcResult.NVRTC_SUCCESS
-        err, size = rtc.nvrtcGetPTXSize(prog)
-        ptx = b" " * size
-        (err,) = rtc.nvrtcGetPTX(prog, ptx)
-        assert err == rtc.nvrtcResult.NVRTC_SUCCESS
-    finally:
-        rtc.nvrtcDestroyProgram(prog)
-    return ptx.rstrip(b"\x00").decode()
-
-
-def _entries(ptx: str) -> dict[str, str]:
-    """Each entry's PTX, by name."""
-    parts = re.split(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
-    return dict(zip(parts[1::2], parts[2::2]))
-
-
-def _loops(body: str) -> list[str]:
-    """The PTX between each label and a later branch back to it: the loop bodies."""
-    loops = []
-    for label in re.finditer(r"^(\$L__\w+):", body, flags=re.M):
-        back = re.search(rf"bra(?:\.uni)?\s+{re.escape(label.group(1))};", body[label.end():])
-        if back:
-            loops.append(body[label.end():label.end() + back.start()])
-    return loops
-
-
-def _report(file: str, arch: str) -> dict[str, str]:
-    """ptxas' verbose report, split by entry."""
-    name = f"{PROBE_KERNELS}/{file}"
-    _, _, log = nvrtc.compile_cubin((KERNELS_DIR / name).read_text(), name, {}, arch)
-    parts = re.split(r"Compiling entry function '(\w+)'", log)
-    return dict(zip(parts[1::2], parts[2::2]))
+_loops, _report = probe_ptx.loops, probe_ptx.report
 
 
 @pytest.fixture(scope="module", params=["sm_80", "sm_90"])
@@ -68,7 +29,7 @@ def ptx_of(request):
 
     def entries(file: str) -> dict[str, str]:
         if file not in cache:
-            cache[file] = _entries(_ptx(file, request.param))
+            cache[file] = probe_ptx.entries(file, request.param)
         return cache[file]
     return entries
 
