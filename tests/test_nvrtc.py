@@ -143,3 +143,15 @@ def test_launch_geometry_covers_every_row_once(topology, threads, rows):
     per_block = threads // 32 if topology == "warp" else 1
     assert block_threads == threads
     assert (blocks - 1) * per_block < rows <= blocks * per_block
+
+
+def test_every_family_compiles_with_every_parameter_set_the_h200_can_run(repo, shipped_ruleset):
+    """All realisations of every family, in every dtype (the lab's set, float16 added), for sm_90."""
+    from aicg.primitives import lab
+    target = hw.load_target(repo / "hwdb", "nvidia-h200")
+    configs = lab.configurations(shipped_ruleset, plan_inputs.values(plan_inputs.resolve(target)),
+                                 ("float32", "bfloat16", "float16"))
+    assert {c.family for c in configs} == set(shipped_ruleset.families)
+    cubins = lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90")
+    assert set(cubins) == {c.id for c in configs}
+    assert all(cubin[:4] == b"\x7fELF" for cubin in cubins.values())
