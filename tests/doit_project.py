@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 from pathlib import Path
@@ -16,20 +17,17 @@ from aicg.tasks import doit_tasks, probe_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 
-SMALL_PROFILE = """
-[instance]
-name = "small"
-target = "nvidia-h200"
-preservation = "tolerance"
+def profile_text(ops=("softmax", "row_sum"), dtypes=("float32",), shapes=((64, 1000),), per_family: int = 2,
+                 preservation: str = "tolerance", extra: str = "") -> str:
+    """A small profile named "small" for the H200; `extra` adds TOML tables (before the workload)."""
+    def array(items):   # strings, numbers and nested sequences: JSON spells them as TOML does
+        return json.dumps([list(i) if isinstance(i, tuple) else i for i in items])
+    return (f'[instance]\nname = "small"\ntarget = "nvidia-h200"\npreservation = "{preservation}"\n\n'
+            f"[plan]\ncandidates_per_family = {per_family}\n{extra}\n"
+            f"[[workload]]\nops = {array(ops)}\ndtypes = {array(dtypes)}\nshapes = {array(shapes)}\n")
 
-[plan]
-candidates_per_family = 2
 
-[[workload]]
-ops = ["softmax", "row_sum"]
-dtypes = ["float32"]
-shapes = [[64, 1000]]
-"""
+SMALL_PROFILE = profile_text()
 
 
 def make_project(root: Path, profile: str = SMALL_PROFILE) -> Path:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from aicg.runtime.instance import nearest_variant
 from aicg.tasks.package import _fastest_by_shape
+from doit_project import doit, make_project, profile_text
 
 
 def _row(cid, timings, status="passed"):
@@ -42,20 +43,7 @@ def test_without_a_table_the_operator_kernel_serves_every_shape():
     assert nearest_variant({"cubin": "k", "params": {}}, 5, 5)["cubin"] == "k"
 
 
-TWO_SHAPES = """
-[instance]
-name = "small"
-target = "nvidia-h200"
-preservation = "tolerance"
-
-[plan]
-candidates_per_family = 2
-
-[[workload]]
-ops = ["softmax"]
-dtypes = ["float32"]
-shapes = [[64, 1000], [4096, 128]]
-"""
+TWO_SHAPES = profile_text(ops=("softmax",), shapes=((64, 1000), (4096, 128)))
 
 
 def test_a_built_instance_carries_the_fastest_kernel_of_each_shape(tmp_path):
@@ -66,7 +54,6 @@ def test_a_built_instance_carries_the_fastest_kernel_of_each_shape(tmp_path):
 
     from aicg import cas, digest
     from aicg.tasks import graph, step
-    from doit_project import doit, make_project
 
     project = make_project(tmp_path / "proj", TWO_SHAPES)
     assert doit(project, "build", "profile=rulesets/profiles/small.toml").code == 0

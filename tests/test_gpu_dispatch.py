@@ -10,25 +10,13 @@ import pytest
 
 from aicg.runtime import driver
 from aicg.runtime.instance import nearest_variant
-from doit_project import doit, make_project
+from doit_project import doit, make_project, profile_text
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     driver.probe_device() is None or driver.probe_device().name != "NVIDIA H200", reason="needs an NVIDIA H200")]
 
-PROFILE = """
-[instance]
-name = "small"
-target = "nvidia-h200"
-preservation = "tolerance"
-[plan]
-candidates_per_family = 2
-[validation]
-timing_repetitions = 5
-[[workload]]
-ops = ["softmax"]
-dtypes = ["float32"]
-shapes = [[300, 20000], [20000, 96]]
-"""
+PROFILE = profile_text(ops=("softmax",), shapes=((300, 20000), (20000, 96)),
+                       extra="[validation]\ntiming_repetitions = 5\n")
 
 
 def test_each_shape_runs_the_kernel_measured_fastest_on_it(tmp_path):

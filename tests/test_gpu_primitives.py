@@ -30,7 +30,7 @@ def test_the_lab_measures_time_drift_and_stability_of_real_kernels(repo, shipped
     path = tmp_path / "x.realisation.json"
     realisation.save(path, {"date": "d", "driver": "v", "clocks": "c", "method": "m", "repetitions": 7,
                             "device": info.name, "arch": "sm_90"}, records)
-    prior = realisation.MeasuredPrior(realisation.load(path), shipped_ruleset, limits)
+    prior = realisation.MeasuredPrior(realisation.load(path), limits)
     r = records[0]
     family = shipped_ruleset.families[r["family"]]
     assert prior(family, "float32", r["params"], (r["rows"], r["cols"])) == pytest.approx(r["seconds"])

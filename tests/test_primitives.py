@@ -11,7 +11,7 @@ import pytest
 from aicg import hw, plan, plan_inputs, profile
 from aicg.errors import InputError
 from aicg.primitives import lab, realisation
-from doit_project import doit, make_project
+from doit_project import doit, make_project, profile_text
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def h200(repo, shipped_ruleset):
     inputs = plan_inputs.values(plan_inputs.resolve(target))
     recorded = realisation.load(realisation.path_for(repo / "hwdb", "nvidia-h200"))
     assert recorded is not None, "the recorded H200 realisation profile is committed"
-    return target, inputs, recorded, realisation.MeasuredPrior(recorded, shipped_ruleset, inputs)
+    return target, inputs, recorded, realisation.MeasuredPrior(recorded, inputs)
 
 
 def test_the_recorded_profile_covers_every_runnable_realisation(h200, shipped_ruleset):
@@ -87,20 +87,8 @@ def test_the_pruning_setting_bounds_what_is_benchmarked(repo, shipped_ruleset, h
         assert all(c.prior.startswith("realisation profile nvidia-h200.realisation.json") for c in some[op][1])
 
 
-TIGHT = """
-[instance]
-name = "tight"
-target = "nvidia-h200"
-preservation = "tolerance"
-[preservation]
-tolerance.float32 = { rtol = 6.5e-7, atol = 1e-7 }
-[plan]
-candidates_per_family = 1
-[[workload]]
-ops = ["softmax"]
-dtypes = ["float32"]
-shapes = [[1024, 32768]]
-"""
+TIGHT = profile_text(ops=("softmax",), shapes=((1024, 32768),), per_family=1,
+                     extra="[preservation]\ntolerance.float32 = { rtol = 6.5e-7, atol = 1e-7 }\n")
 
 
 def test_a_rule_whose_measured_drift_exceeds_the_bound_is_rejected_with_the_measurement(tmp_path):

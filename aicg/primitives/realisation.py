@@ -98,8 +98,8 @@ def save(path: Path, provenance: dict, records: list[dict]) -> None:
 class MeasuredPrior:
     """Predicted seconds of a candidate on a shape, from the profile where it measured that realisation."""
 
-    def __init__(self, profile: Profile, ruleset, hw: dict):
-        self.profile, self.ruleset, self.hw = profile, ruleset, hw
+    def __init__(self, profile: Profile, hw: dict):
+        self.profile, self.hw = profile, hw
         self._records = profile.by_config()
         self._ratios: dict[str, tuple[list[float], list[float]]] = {}
 

@@ -241,7 +241,7 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
 
     steps = [_hw_step(hardware)]
     realised = realisation.load(realisation.path_for(layout.hwdb, prof.target)) if prof.prior == "measured" else None
-    measured = realisation.MeasuredPrior(realised, rules, hw_facts) if realised else None
+    measured = realisation.MeasuredPrior(realised, hw_facts) if realised else None
     drift_rejected: dict = {}
     planned = plan.plan_workload(rules, prof, hw_facts, measured=measured, rejected=drift_rejected)
     for op, work in prof.workload.items():

@@ -94,7 +94,7 @@ def report(measured_path: str) -> dict:
     models = {"datasheet": (plan_inputs.values(plan_inputs.resolve(target, measured=False)), None)}
     if real is not None:
         probed = plan_inputs.values(plan_inputs.resolve(target))
-        models["measured"] = (probed, realisation.MeasuredPrior(real, rules, probed))
+        models["measured"] = (probed, realisation.MeasuredPrior(real, probed))
     out = {}
     for name, (inputs, prior) in models.items():
         planned = _all_candidates(rules, prof, inputs, prior)
