@@ -12,8 +12,11 @@ from .ops import OPERATORS
 from .semantics.ruleset import Family
 
 ENTRY = "aicg_kernel"
-TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thread": "aicg::THREAD_PER_ROW"}
-LANES_PER_ROW = {"warp": lambda threads: 32, "block": lambda threads: threads, "thread": lambda threads: 1}
+# How a row is split over threads: a warp, a block, one thread, or n lanes of a warp (short rows).
+TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thread": "aicg::THREAD_PER_ROW",
+              "lanes4": "aicg::LANES_4_PER_ROW", "lanes8": "aicg::LANES_8_PER_ROW", "lanes16": "aicg::LANES_16_PER_ROW"}
+LANES_PER_ROW = {"warp": lambda threads: 32, "block": lambda threads: threads, "thread": lambda threads: 1,
+                 "lanes4": lambda threads: 4, "lanes8": lambda threads: 8, "lanes16": lambda threads: 16}
 
 
 def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> str:

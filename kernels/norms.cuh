@@ -15,7 +15,7 @@ __device__ __forceinline__ void rmsnorm(const T* __restrict__ x, const T* __rest
   const long long row = G::row();
   if (row >= rows) return;
   with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, y),
-                       [&](const auto& r) {
+                       [&](auto& r) {
     float ss = 0.0f;
     r.each([&](int, float v) { ss += v * v; });
     ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
@@ -33,7 +33,7 @@ __device__ __forceinline__ void layernorm_twopass(const T* __restrict__ x, const
   const long long row = G::row();
   if (row >= rows) return;
   with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, b, y),
-                       [&](const auto& r) {
+                       [&](auto& r) {
     float s = 0.0f;
     r.each([&](int, float v) { s += v; });
     const float mean = row_reduce<THREADS, TOPOLOGY>(s, Sum()) / cols;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void layernorm_welford(const T* __restrict__ x, const
   const long long row = G::row();
   if (row >= rows) return;
   with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, b, y),
-                       [&](const auto& r) {
+                       [&](auto& r) {
     const MergeWelford merge;
     Welford st = merge.identity();
     r.each([&](int, float v) { st = merge.add(st, v); });

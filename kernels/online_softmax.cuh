@@ -8,8 +8,8 @@ namespace aicg {
 
 struct MaxSum { float m, s; };
 
-__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int mask) {
-  return MaxSum{shfl_xor(v.m, mask), shfl_xor(v.s, mask)};
+__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int offset, unsigned members) {
+  return MaxSum{shfl_xor(v.m, offset, members), shfl_xor(v.s, offset, members)};
 }
 
 template <bool FAST_EXP>

@@ -7,9 +7,13 @@
 
 namespace aicg {
 
-// WARP_PER_ROW and BLOCK_PER_ROW reduce a row in a tree over their lanes;
-// THREAD_PER_ROW walks it in one thread, in order: the reference order.
-enum Topology { WARP_PER_ROW = 0, BLOCK_PER_ROW = 1, THREAD_PER_ROW = 2 };
+// WARP_PER_ROW, BLOCK_PER_ROW and LANES_n_PER_ROW (n consecutive lanes of a
+// warp: short rows) reduce a row in a tree over their lanes; THREAD_PER_ROW
+// walks it in one thread, in order: the reference order.
+enum Topology {
+  WARP_PER_ROW = 0, BLOCK_PER_ROW = 1, THREAD_PER_ROW = 2,
+  LANES_4_PER_ROW = 4, LANES_8_PER_ROW = 8, LANES_16_PER_ROW = 16
+};
 
 struct Sum {
   __device__ float identity() const { return 0.0f; }
@@ -25,14 +29,19 @@ struct Max {
   }
 };
 
-__device__ __forceinline__ float shfl_xor(float v, int mask) {
-  return __shfl_xor_sync(0xffffffffu, v, mask);
+// `members`: the lanes of this thread's row group; a group of a warp whose
+// row lies past the end has left, so shuffles name only their own group.
+__device__ __forceinline__ float shfl_xor(float v, int offset, unsigned members) {
+  return __shfl_xor_sync(members, v, offset);
 }
 
 // Row-group geometry for a launch: which row this thread serves and its lane.
 template <int THREADS, int TOPOLOGY>
 struct RowGroup {
-  static constexpr int lanes = TOPOLOGY == WARP_PER_ROW ? 32 : TOPOLOGY == BLOCK_PER_ROW ? THREADS : 1;
+  static constexpr int lanes = TOPOLOGY == WARP_PER_ROW    ? 32
+                               : TOPOLOGY == BLOCK_PER_ROW  ? THREADS
+                               : TOPOLOGY == THREAD_PER_ROW ? 1
+                                                            : TOPOLOGY;
   static constexpr int rows_per_block = THREADS / lanes;
   __device__ static long long row() {
     return (long long)blockIdx.x * rows_per_block + threadIdx.x / lanes;
@@ -41,13 +50,18 @@ struct RowGroup {
 };
 
 // Combine `v` over the row group; every thread of the group gets the result.
-// State needs shfl_xor(State, int) and the Op needs operator()(State, State).
+// State needs shfl_xor(State, int offset, unsigned members) and the Op
+// needs operator()(State, State).
 template <int THREADS, int TOPOLOGY, typename State, typename Op>
 __device__ __forceinline__ State row_reduce(State v, Op op) {
-  if (TOPOLOGY == THREAD_PER_ROW) return v;
+  constexpr int lanes = RowGroup<THREADS, TOPOLOGY>::lanes;
+  if constexpr (lanes == 1) return v;
+  constexpr int width = lanes < 32 ? lanes : 32;
+  const unsigned members = width == 32 ? 0xffffffffu
+                                       : ((1u << width) - 1) << ((threadIdx.x % 32) & ~(width - 1));
 #pragma unroll
-  for (int mask = 16; mask > 0; mask >>= 1) v = op(v, shfl_xor(v, mask));
-  if (TOPOLOGY == WARP_PER_ROW || THREADS == 32) return v;
+  for (int offset = width / 2; offset > 0; offset >>= 1) v = op(v, shfl_xor(v, offset, members));
+  if (lanes <= 32) return v;
 
   constexpr int warps = THREADS / 32;
   __shared__ State partial[warps];

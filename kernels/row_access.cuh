@@ -120,6 +120,7 @@ __device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __rest
 // visit a lane's elements in the same order, so they give the same bits.
 template <int V, typename T>
 struct RowStream {
+  static constexpr bool in_registers = false;
   const T* row;
   int cols, lane, lanes;
   bool vectorised;
@@ -134,75 +135,73 @@ struct RowStream {
 // Slots hold whole packs when V > 1 (rows that allow packs) and strided
 // single elements when V == 1; the choice is a template parameter so that
 // every slot index is a compile-time constant and the row stays in registers.
+// A lane's slots fill in order: it holds its first `held` packs, and each
+// loop tests one pack count, not every element's index.
 template <int V, int CACHE, typename T>
 struct RowCache {
+  static constexpr bool in_registers = true;
   static constexpr int SLOTS = CACHE * V;
   static constexpr bool packed = V > 1;
   float v[SLOTS];
-  int cols, lane, lanes;
+  int cols, lane, lanes, held;
+
+  // The first element of slot group u (a pack, or one element when V == 1).
+  __device__ __forceinline__ int start(int u) const { return (lane + u * lanes) * V; }
 
   __device__ __forceinline__ RowCache(const T* row, int cols_, int lane_, int lanes_)
-      : cols(cols_), lane(lane_), lanes(lanes_) {
-    if constexpr (packed) {
+      : cols(cols_), lane(lane_), lanes(lanes_), held((cols_ / V - lane_ + lanes_ - 1) / lanes_) {
 #pragma unroll
-      for (int u = 0; u < CACHE; ++u) {
-        const int i = lane + u * lanes;
-        if (i * V < cols) {
-          const Pack<T, V> p = load_pack<V>(row + (long long)i * V);
+    for (int u = 0; u < CACHE; ++u) {
+      if (u >= held) continue;
+      const Pack<T, V> p = load_pack<V>(row + start(u));
 #pragma unroll
-          for (int k = 0; k < V; ++k) v[u * V + k] = to_float(p.v[k]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int t = 0; t < SLOTS; ++t) {
-        const int j = lane + t * lanes;
-        if (j < cols) v[t] = to_float(row[j]);
-      }
+      for (int k = 0; k < V; ++k) v[u * V + k] = to_float(p.v[k]);
     }
-  }
-
-  __device__ __forceinline__ int index(int t) const {
-    return packed ? (lane + (t / V) * lanes) * V + t % V : lane + t * lanes;
   }
 
   template <typename F>
   __device__ __forceinline__ void each(F&& f) const {
 #pragma unroll
-    for (int t = 0; t < SLOTS; ++t) {
-      const int j = index(t);
-      if (j < cols) f(j, v[t]);
+    for (int u = 0; u < CACHE; ++u) {
+      if (u >= held) continue;
+#pragma unroll
+      for (int k = 0; k < V; ++k) f(start(u) + k, v[u * V + k]);
+    }
+  }
+
+  // Replace every held x_j by f(j, x_j), visiting elements in the order of each().
+  template <typename F>
+  __device__ __forceinline__ void update(F&& f) {
+#pragma unroll
+    for (int u = 0; u < CACHE; ++u) {
+      if (u >= held) continue;
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[u * V + k] = f(start(u) + k, v[u * V + k]);
     }
   }
 
   template <typename G>
   __device__ __forceinline__ void store(const T* w, const T* b, T* y, G&& g) const {
-    if constexpr (packed) {
 #pragma unroll
-      for (int u = 0; u < CACHE; ++u) {
-        const int i = lane + u * lanes;
-        if (i * V < cols) {
-          const long long at = (long long)i * V;
-          Pack<T, V> pw, pb, py;
-          if (w) pw = load_pack<V>(w + at);
-          if (b) pb = load_pack<V>(b + at);
+    for (int u = 0; u < CACHE; ++u) {
+      if (u >= held) continue;
+      const int at = start(u);
+      Pack<T, V> pw, pb, py;
+      if (w) pw = load_pack<V>(w + at);
+      if (b) pb = load_pack<V>(b + at);
 #pragma unroll
-          for (int k = 0; k < V; ++k) {
-            py.v[k] = from_float<T>(g((int)at + k, v[u * V + k], w ? to_float(pw.v[k]) : 1.0f,
-                                      b ? to_float(pb.v[k]) : 0.0f));
-          }
-          store_pack<V>(y + at, py);
-        }
+      for (int k = 0; k < V; ++k) {
+        py.v[k] = from_float<T>(g(at + k, v[u * V + k], w ? to_float(pw.v[k]) : 1.0f,
+                                  b ? to_float(pb.v[k]) : 0.0f));
       }
-    } else {
-#pragma unroll
-      for (int t = 0; t < SLOTS; ++t) {
-        const int j = lane + t * lanes;
-        if (j < cols) y[j] = from_float<T>(g(j, v[t], w ? to_float(w[j]) : 1.0f, b ? to_float(b[j]) : 0.0f));
-      }
+      store_pack<V>(y + at, py);
     }
   }
 };
+
+// Whether a row object (as a body sees it, by reference) holds its row in registers.
+template <typename R> struct held_in_registers { static constexpr bool value = R::in_registers; };
+template <typename R> struct held_in_registers<R&> : held_in_registers<R> {};
 
 // Run body(row) with the row held in registers when CACHE slots per lane
 // hold it, streamed from memory otherwise. The choice depends only on cols
@@ -212,16 +211,17 @@ __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int l
   if constexpr (CACHE > 0) {
     if (cols <= lanes * V * CACHE) {
       if (V > 1 && vectorised) {
-        const RowCache<V, CACHE, T> cached(row, cols, lane, lanes);
+        RowCache<V, CACHE, T> cached(row, cols, lane, lanes);
         body(cached);
       } else {
-        const RowCache<1, CACHE * V, T> cached(row, cols, lane, lanes);
+        RowCache<1, CACHE * V, T> cached(row, cols, lane, lanes);
         body(cached);
       }
       return;
     }
   }
-  body(RowStream<V, T>{row, cols, lane, lanes, vectorised});
+  RowStream<V, T> streamed{row, cols, lane, lanes, vectorised};
+  body(streamed);
 }
 
 }  // namespace aicg

@@ -12,7 +12,10 @@
 
 namespace aicg {
 
-// Three sweeps: max, sum of exp(x - max), write exp(x - max) / sum.
+// Three sweeps: max, sum of exp(x - max), write exp(x - max) / sum. A row
+// held in registers keeps each exp(x - max) from the second sweep for the
+// third, so every element costs one exp; the values, and so the bits, are
+// those a streamed row computes twice.
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
                                                 int rows, int cols) {
@@ -20,16 +23,22 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
   const long long row = G::row();
   if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
   with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, y),
-                       [&](const auto& r) {
+                       [&](auto& r) {
     float m = Max().identity();
     r.each([&](int, float v) { m = Max()(m, v); });
     m = row_reduce<THREADS, TOPOLOGY>(m, Max());
     float s = 0.0f;
-    r.each([&](int, float v) { s += exp_<FAST_EXP>(v - m); });
+    if constexpr (held_in_registers<decltype(r)>::value) {
+      r.update([&](int, float v) { const float e = exp_<FAST_EXP>(v - m); s += e; return e; });
+    } else {
+      r.each([&](int, float v) { s += exp_<FAST_EXP>(v - m); });
+    }
     s = row_reduce<THREADS, TOPOLOGY>(s, Sum());
     const float inv = 1.0f / s;
-    r.store((const T*)nullptr, (const T*)nullptr, y + row * cols,
-            [&](int, float v, float, float) { return exp_<FAST_EXP>(v - m) * inv; });
+    r.store((const T*)nullptr, (const T*)nullptr, y + row * cols, [&](int, float v, float, float) {
+      if constexpr (held_in_registers<decltype(r)>::value) return v * inv;
+      else return exp_<FAST_EXP>(v - m) * inv;
+    });
   });
 }
 
@@ -41,7 +50,7 @@ __device__ __forceinline__ void softmax_online(const T* __restrict__ x, T* __res
   const long long row = G::row();
   if (row >= rows) return;
   with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, y),
-                       [&](const auto& r) {
+                       [&](auto& r) {
     const MergeMaxSum<FAST_EXP> merge;
     MaxSum state = merge.identity();
     r.each([&](int, float v) { state = merge.add(state, v); });

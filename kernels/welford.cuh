@@ -7,8 +7,8 @@ namespace aicg {
 
 struct Welford { float n, mean, m2; };
 
-__device__ __forceinline__ Welford shfl_xor(Welford v, int mask) {
-  return Welford{shfl_xor(v.n, mask), shfl_xor(v.mean, mask), shfl_xor(v.m2, mask)};
+__device__ __forceinline__ Welford shfl_xor(Welford v, int offset, unsigned members) {
+  return Welford{shfl_xor(v.n, offset, members), shfl_xor(v.mean, offset, members), shfl_xor(v.m2, offset, members)};
 }
 
 struct MergeWelford {

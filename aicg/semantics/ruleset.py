@@ -15,9 +15,11 @@ from pathlib import Path
 from .. import tomlfile
 
 HOLDS = {"real", "exact"}
+# How a family template may split a row over threads (aicg/codegen.py maps each to kernels/reduce.cuh).
+TOPOLOGY_NAMES = ("warp", "block", "thread", "lanes4", "lanes8", "lanes16")
 # Every family template takes these parameters: (type, allowed values or None).
 PARAM_TYPES = {"threads": (int, None), "vec_bytes": (int, None),
-               "topology": (str, {"warp", "block", "thread"}), "fast_exp": (bool, None), "cache_packs": (int, None)}
+               "topology": (str, set(TOPOLOGY_NAMES)), "fast_exp": (bool, None), "cache_packs": (int, None)}
 TEMPLATE_PARAMS = tuple(PARAM_TYPES)
 PARAM_PREDICATES = {"wider_than_element", "true"}
 

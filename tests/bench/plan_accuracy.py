@@ -1,6 +1,6 @@
 """How well the planner's priors pick kernels: exhaustive timing against planned picks.
 
-    python3 tests/bench/plan_accuracy.py measure OUT.json     # on the GPU node
+    python3 tests/bench/plan_accuracy.py measure OUT.json [ROWSxCOLS,...]  # on the GPU node
     python3 tests/bench/plan_accuracy.py report OUT.json      # anywhere: needs the realisation profile
 
 `measure` compiles every legal candidate of the default profile's workload
@@ -32,10 +32,10 @@ ACCURACY_SHAPES = ((32768, 4096), (4096, 32768), (8192, 1000), (65536, 128), (30
 CHECK_SHAPE = (64, 333)
 
 
-def _setup():
+def _setup(shapes=ACCURACY_SHAPES):
     rules = ruleset_loader.load(REPO / "rulesets")
     prof = profile.load(REPO / "rulesets/profiles/default.toml", rules, REPO / "hwdb")
-    work = {op: dataclasses.replace(w, shapes=ACCURACY_SHAPES) for op, w in prof.workload.items()}
+    work = {op: dataclasses.replace(w, shapes=shapes) for op, w in prof.workload.items()}
     prof = dataclasses.replace(prof, workload=work)
     return rules, prof, hw.load_target(REPO / "hwdb", prof.target)
 
@@ -44,11 +44,14 @@ def _all_candidates(rules, prof, inputs, measured=None):
     return plan.plan_workload(rules, prof, inputs, per_family=10**6, measured=measured)
 
 
-def measure(out: str) -> None:
+def measure(out: str, shapes: str | None = None) -> None:
+    """Time every candidate on ACCURACY_SHAPES, or on `shapes` ("32768x4096,4096x32768")."""
     from aicg.primitives import lab
     from aicg.runtime import driver
     from aicg.validate import check
-    rules, prof, target = _setup()
+    shapes = (tuple(tuple(int(n) for n in s.split("x")) for s in shapes.split(","))
+              if shapes else ACCURACY_SHAPES)
+    rules, prof, target = _setup(shapes)
     inputs = plan_inputs.values(plan_inputs.resolve(target, measured=False))
     candidates = [c for _, cands in _all_candidates(rules, prof, inputs).values() for c in cands]
     configs = [lab.Config(c.op, c.family, c.dtype, c.params) for c in candidates]
@@ -58,13 +61,13 @@ def measure(out: str) -> None:
     for i, c in enumerate(candidates):
         tol = prof.preservation.tolerance[c.dtype]
         r = check.run(cubins[c.id], c.op, c.dtype, c.params, tolerance=tol, deterministic=False, bitwise=False,
-                      check_shapes=[CHECK_SHAPE], timed_shapes=list(ACCURACY_SHAPES), trials=1, repetitions=7,
+                      check_shapes=[CHECK_SHAPE], timed_shapes=list(shapes), trials=1, repetitions=7,
                       device=device, peak_bytes_per_second=target.fact("dram_bandwidth"))
         results[c.id] = {"op": c.op, "dtype": c.dtype, "status": r["status"],
                          "seconds": [t["median_seconds"] for t in r["timings"]]}
         if i % 50 == 0:
             print(f"  {i}/{len(candidates)} {c.id}: {r['status']}", flush=True)
-    Path(out).write_text(json.dumps({"shapes": ACCURACY_SHAPES, "device": device.name, "results": results}))
+    Path(out).write_text(json.dumps({"shapes": shapes, "device": device.name, "results": results}))
     print(f"timed {len(results)} candidates, {sum(r['status'] == 'passed' for r in results.values())} passed")
 
 
@@ -127,4 +130,4 @@ def report(measured_path: str) -> dict:
 
 
 if __name__ == "__main__":
-    {"measure": measure, "report": report}[sys.argv[1]](sys.argv[2])
+    {"measure": measure, "report": report}[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,187 @@
+"""aicg's memory-bound kernels against their peers, on the GPU.
+
+    AICG_INSTANCE=build/h200-tolerance AICG_BENCH_JSON=bench.json \\
+        python -m pytest -m gpu tests/bench/test_memory_bound.py -k acceptance
+
+pytest-benchmark is the harness; its clock is the device's: every round
+flushes the L2 (which also keeps the GPU busy while the host launches the
+call), records a CUDA event, calls, records another, and the clock advances
+by the elapsed device time between the two events. Host launch cost is not
+in the figures.
+
+Each case (operator, dtype, shape) runs aicg (through `aicg.load`, after a
+validation in the same run: fresh random inputs, a NaN-poisoned output, every
+element within the instance's tolerance of a float64 result), PyTorch eager,
+`torch.compile`, the hand-written Triton peer (best of a few warp counts; see
+peers.py) and a copy of the input's bytes. The table printed at the end (and
+written to $AICG_BENCH_JSON) gives each as time, TB/s of the bytes the
+operator must move, and aicg's ratio to it. Nothing here asserts a time.
+
+Two suites: `acceptance` (32768x4096 and 4096x32768, torch.compile for that
+static shape) and `grid` (row lengths 1..65536, row counts 1..4M, one
+dynamic-shape torch.compile per operator and dtype).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import aicg  # noqa: E402
+from aicg.runtime import driver  # noqa: E402
+from aicg.runtime.instance import nearest_variant  # noqa: E402
+
+import peers  # noqa: E402
+
+DEVICE = driver.probe_device()
+INSTANCE = Path(os.environ.get("AICG_INSTANCE", "build/h200-tolerance"))
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE is None or DEVICE.name != "NVIDIA H200", reason="needs an NVIDIA H200"),
+    pytest.mark.skipif(not (INSTANCE / "manifest.json").is_file(), reason=f"no instance at {INSTANCE}"),
+]
+
+OPS = ("softmax", "row_sum", "row_max", "rmsnorm", "layernorm")
+DTYPES = ("float32", "bfloat16")
+ACCEPTANCE = ((32768, 4096), (4096, 32768))
+GRID_COLS = (1, 32, 128, 1000, 4096, 16384, 65536)
+GRID = tuple((min(1 << 22, max(1, (1 << 25) // c)), c) for c in GRID_COLS) + ((1, 4096), (132, 4096), (1, 65536))
+CONTENDERS = ("aicg", "eager", "compile", "triton", "copy")
+ROUNDS, WARMUP = 20, 3
+
+CASES = [(suite, op, dtype, shape) for suite, shapes in (("acceptance", ACCEPTANCE), ("grid", GRID))
+         for op in OPS for dtype in DTYPES for shape in shapes]
+
+# (suite, op, dtype, shape) -> {contender: seconds, "bytes": moved, "validation": ...}; conftest.py prints it.
+RESULTS: dict[tuple, dict] = {}
+
+
+class DeviceClock:
+    """A clock for pytest-benchmark that advances only by device time measured with events."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CLOCK = DeviceClock()
+
+
+@pytest.fixture(scope="module")
+def instance():
+    return aicg.load(INSTANCE)
+
+
+@pytest.fixture(scope="module")
+def flush():
+    return torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+
+
+_inputs: dict[tuple, tuple] = {}
+
+
+def inputs_for(op: str, dtype: str, shape) -> tuple:
+    """The case's inputs, drawn once and shared by its contenders (the last case's are freed)."""
+    key = (op, dtype, shape)
+    if key not in _inputs:
+        _inputs.clear()
+        torch.cuda.empty_cache()
+        t = getattr(torch, dtype)
+        x = torch.randn(shape, device="cuda").to(t)
+        vectors = [torch.rand(shape[-1], device="cuda").add(0.5).to(t) for _ in range(peers.VECTORS[op])]
+        _inputs[key] = (x, vectors)
+    return _inputs[key]
+
+
+def device_seconds(fn, flush) -> float:
+    flush.zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3
+
+
+def within_tolerance(op, dtype, x, vectors, y, rtol, atol) -> tuple[bool, float]:
+    """(every element within atol + rtol * scale of the float64 result, the worst error in units of that bound)."""
+    ref, scale = peers.reference(op, x, *vectors)
+    bound = atol + rtol * scale
+    excess = ((y.double() - ref).abs() / bound)
+    worst = float(excess.nan_to_num(nan=math.inf).max())
+    return worst <= 1.0, worst
+
+
+def tolerance(instance, dtype) -> tuple[float, float]:
+    tol = instance.manifest["preservation"]["tolerance"][dtype]
+    return tol["rtol"], tol["atol"]
+
+
+def moved_bytes(op, dtype, shape) -> int:
+    rows, cols = shape
+    size = getattr(torch, dtype).itemsize
+    out = rows if op in peers.ROW_OUTPUT else rows * cols
+    return (rows * cols + out + peers.VECTORS[op] * cols) * size
+
+
+def contender_call(instance, contender, suite, op, dtype, shape, x, vectors, flush):
+    if contender == "aicg":
+        kernel = getattr(instance, op)
+        return lambda: kernel(x, *vectors)
+    if contender == "eager":
+        return lambda: peers.EAGER[op](x, *vectors)
+    if contender == "compile":
+        fn = peers.compiled(op, dynamic=suite == "grid")
+        return lambda: fn(x, *vectors)
+    if contender == "copy":
+        y = torch.empty_like(x)
+        return lambda: y.copy_(x)
+    # triton: the best of its warp counts, each timed briefly first
+    calls = [peers.triton_call(op, w) for w in peers.triton_warp_counts(shape[-1])]
+    for call in calls:
+        call(x, *vectors)
+    best = min(calls, key=lambda call: sorted(device_seconds(lambda: call(x, *vectors), flush) for _ in range(5))[2])
+    return lambda: best(x, *vectors)
+
+
+@pytest.mark.benchmark(timer=CLOCK, disable_gc=True, warmup=False)
+@pytest.mark.parametrize("contender", CONTENDERS)
+@pytest.mark.parametrize("suite, op, dtype, shape", CASES,
+                         ids=[f"{s}-{o}-{d}-{r}x{c}" for s, o, d, (r, c) in CASES])
+def test_memory_bound(benchmark, instance, flush, suite, op, dtype, shape, contender):
+    if op not in instance.ops or dtype not in instance.ops[op].entries:
+        pytest.skip(f"the instance has no {op} kernel for {dtype}")
+    x, vectors = inputs_for(op, dtype, shape)
+    record = RESULTS.setdefault((suite, op, dtype, shape), {"bytes": moved_bytes(op, dtype, shape)})
+    if contender in ("aicg", "triton"):
+        # Validated in this run, before timing: a fresh input, a poisoned output.
+        fresh = torch.randn(shape, device="cuda").to(getattr(torch, dtype))
+        if contender == "aicg":
+            out = torch.full((shape[0],) if op in peers.ROW_OUTPUT else shape, math.nan, device="cuda",
+                             dtype=fresh.dtype)
+            getattr(instance, op)(fresh, *vectors, out=out)
+        else:
+            out = peers.triton_call(op, peers.triton_warp_counts(shape[-1])[0])(fresh, *vectors)
+        rtol, atol = tolerance(instance, dtype)
+        ok, worst = within_tolerance(op, dtype, fresh, vectors, out, rtol, atol)
+        record[f"{contender}_validation"] = {"passed": ok, "worst_error_in_bounds": worst}
+        if contender == "aicg":
+            assert ok, f"aicg {op} {dtype} {shape}: error {worst:.3g} times the tolerance"
+    fn = contender_call(instance, contender, suite, op, dtype, shape, x, vectors, flush)
+    for _ in range(WARMUP):
+        fn()
+
+    def timed():
+        CLOCK.now += device_seconds(fn, flush)
+
+    benchmark.pedantic(timed, rounds=ROUNDS, iterations=1)
+    record[contender] = benchmark.stats.stats.median
+    if contender == "aicg":
+        record["aicg_kernel"] = nearest_variant(instance.ops[op].entries[dtype], *shape)["candidate"]
