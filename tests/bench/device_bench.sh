@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One call on a GPU node: build an instance (validating and timing its
+# candidates), then benchmark it against its peers (tests/bench/test_memory_bound.py).
+#   SUITE=acceptance|grid|"acceptance or grid"   PROFILE=rulesets/profiles/default.toml
+# Results go to $OUT (or ./device-out); carried wheels in .whl/ are installed first.
+set -uo pipefail
+OUT=${OUT:-device-out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
+PROFILE=${PROFILE:-rulesets/profiles/default.toml}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$OUT/gpu.txt"
+timeout "${BUILD_SECONDS:-400}" python3 -m doit build profile="$PROFILE" 2>&1 | tee "$OUT/build.log" | tail -25
+instance=$(python3 -c "import sys, tomllib; print('build/' + tomllib.load(open(sys.argv[1], 'rb'))['instance']['name'])" "$PROFILE")
+cp "$instance/manifest.json" "$instance/report.md" "$OUT/" 2>/dev/null
+tar czf "$OUT/instance.tgz" "$instance"
+AICG_INSTANCE=$instance AICG_BENCH_JSON="$OUT/bench.json" timeout "${BENCH_SECONDS:-300}" \
+  python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "${SUITE:-acceptance}" -q -p no:cacheprovider \
+  --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$OUT/bench.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60
