@@ -143,13 +143,17 @@ def _structure(c: Candidate) -> tuple:
 
 
 def _best_spread(pool: list[Candidate], count: int) -> list[Candidate]:
-    """The `count` best by prior, but the best of each structure first: the prior
-    is coarse, so the device gets to compare the structurally different options."""
+    """The `count` best by prior: the best overall, the predicted best at each
+    workload shape (select dispatches per shape), the best of each structure
+    (the prior is coarse, so the device gets to compare structurally different
+    options), then the rest."""
     pool = sorted(pool, key=lambda c: (c.score, c.id))
-    leaders = list({_structure(c): c for c in reversed(pool)}.values())
-    leaders.sort(key=lambda c: (c.score, c.id))
-    rest = [c for c in pool if c not in leaders]
-    return (leaders + rest)[:count]
+    if not pool:
+        return []
+    shape_leaders = [min(pool, key=lambda c: (c.predicted_seconds[i], c.id)) for i in range(len(pool[0].predicted_seconds))]
+    structure_leaders = sorted({_structure(c): c for c in reversed(pool)}.values(), key=lambda c: (c.score, c.id))
+    by_id = {c.id: c for c in pool[:1] + shape_leaders + structure_leaders + pool}   # first occurrence keeps its place
+    return list(by_id.values())[:count]
 
 
 def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dtypes, shapes, hw: dict,

@@ -99,9 +99,9 @@ def test_illegal_families_give_no_candidates(shipped_ruleset, load_profile, all_
 
 
 def test_the_best_few_are_kept_per_family_and_dtype(full_pool, shipped_ruleset, all_facts):
-    """At most k per (family, dtype): the best overall first, the best of each
-    structure (topology, row held in registers or not) when k allows, and
-    otherwise the best by predicted time."""
+    """At most k per (family, dtype): the best overall first, then the predicted
+    best at each workload shape, the best of each structure (topology, row held
+    in registers or not) when k allows, and otherwise the best by predicted time."""
     prof, pool = full_pool
     structure = lambda c: (c.params["topology"], c.params["cache_packs"] > 0)
     for k in [1, 2, 3, 4]:
@@ -114,9 +114,14 @@ def test_the_best_few_are_kept_per_family_and_dtype(full_pool, shipped_ruleset, 
             assert len(mine) == min(k, len(group))
             assert mine[0].score == min(c.score for c in group)
             structures = {structure(c) for c in group}
+            shape_leaders = {min(group, key=lambda c: (c.predicted_seconds[i], c.id)).id
+                             for i in range(len(group[0].predicted_seconds))}
+            if k >= 1 + len(shape_leaders):
+                assert shape_leaders <= {c.id for c in mine}
             leaders = [min((c for c in group if structure(c) == s), key=lambda c: (c.score, c.id))
                        for s in structures]
-            if k >= len(structures):
+            leaders += [c for c in group if c.id in shape_leaders]
+            if k >= 1 + len(shape_leaders) + len(structures):
                 assert all(leader in mine for leader in leaders)
             assert all(c.score <= o.score for c in mine if c not in leaders for o in dropped)
 

@@ -26,7 +26,23 @@ def _dtype_name(view, obj) -> str:
         return str(getattr(obj, "dtype", "unknown")).rsplit(".", 1)[-1]
 
 
+def _contiguity_error(what: str, strides, shape) -> ValueError:
+    return ValueError(f"{what}: expected a contiguous array, got strides {tuple(strides)} for shape {shape}")
+
+
+def _torch_view(t, what: str) -> DeviceArray:
+    """A PyTorch tensor read directly: a protocol round trip costs more host time than the launch itself."""
+    if not t.is_cuda:
+        raise TypeError(f"{what}: expected an array in GPU memory, got one in host memory")
+    shape = tuple(t.shape)
+    if not t.is_contiguous():
+        raise _contiguity_error(what, t.stride(), shape)
+    return DeviceArray(t, t.data_ptr(), shape, str(t.dtype).rsplit(".", 1)[-1], t.device.index)
+
+
 def view(obj, what: str) -> DeviceArray:
+    if _framework(obj) == "torch":
+        return _torch_view(obj, what)
     from cuda.core.utils import StridedMemoryView
     try:
         v = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
@@ -41,7 +57,7 @@ def view(obj, what: str) -> DeviceArray:
             expected.insert(0, step)
             step *= n
         if any(s != e for s, e, n in zip(v.strides, expected, shape) if n > 1):
-            raise ValueError(f"{what}: expected a contiguous array, got strides {tuple(v.strides)} for shape {shape}")
+            raise _contiguity_error(what, v.strides, shape)
     return DeviceArray(obj, int(v.ptr), shape, _dtype_name(v, obj), v.device_id)
 
 

@@ -41,9 +41,18 @@ class OpKernels:
     def __init__(self, instance: "Instance", op: str, entries: dict[str, dict]):
         self.instance, self.op, self.entries = instance, OPERATORS[op], entries
         self._loaded: dict[tuple[str, int], driver.Kernel] = {}
+        self._by_shape: dict[tuple, tuple[driver.Kernel, dict, dict]] = {}
 
     def _kernel(self, dtype: str, device: int, rows: int, cols: int) -> tuple[driver.Kernel, dict, dict]:
         """(kernel, manifest entry, the parameters of the variant that serves this shape)."""
+        key = (dtype, device, rows, cols)
+        if key not in self._by_shape:
+            if len(self._by_shape) > 4096:    # many distinct shapes: keep the lookup bounded
+                self._by_shape.clear()
+            self._by_shape[key] = self._find_kernel(dtype, device, rows, cols)
+        return self._by_shape[key]
+
+    def _find_kernel(self, dtype: str, device: int, rows: int, cols: int) -> tuple[driver.Kernel, dict, dict]:
         entry = self.entries.get(dtype)
         if entry is None:
             raise InstanceError(f"{self.instance.path}: no {self.op.name} kernel for {dtype} "

@@ -20,7 +20,8 @@ def _rows(results: dict) -> list[dict]:
         row = {"suite": suite, "op": op, "dtype": dtype, "shape": list(shape), "bytes": r["bytes"],
                "aicg_kernel": r.get("aicg_kernel"), "validation": r.get("aicg_validation"),
                "triton_validation": r.get("triton_validation"),
-               "seconds": {k: r[k] for k in ("aicg", *PEERS, "copy") if k in r}}
+               "seconds": {k: r[k] for k in ("aicg", *PEERS, "copy") if k in r},
+               "host_seconds": {k: r[f"{k}_host"] for k in ("aicg", *PEERS, "copy") if f"{k}_host" in r}}
         aicg = r["aicg"]
         row["tb_per_s"] = r["bytes"] / aicg / 1e12
         row["of_copy"] = (r["copy"] / aicg) * (r["bytes"] / (2 * shape[0] * shape[1] * _itemsize(dtype))) if "copy" in r else None
@@ -42,15 +43,18 @@ def pytest_terminal_summary(terminalreporter):
         return
     write = terminalreporter.write_line
     write("")
-    write("case | aicg us | TB/s | of copy | eager/aicg | compile/aicg | triton/aicg | best peer/aicg | kernel")
+    write("case | aicg us | TB/s | of copy | eager/aicg | compile/aicg | triton/aicg | best peer/aicg | "
+          "host us aicg/eager | kernel")
     for row in rows:
         ratios = row["peer_over_aicg"]
         cell = lambda k: f"{ratios[k]:.2f}" if k in ratios else "-"  # noqa: E731
         of_copy = f"{row['of_copy'] * 100:.0f}%" if row["of_copy"] is not None else "-"
         best = f"{row['best_peer_over_aicg']:.2f}" if row["best_peer_over_aicg"] else "-"
+        hosts = row["host_seconds"]
+        host = "/".join(f"{hosts[k] * 1e6:.1f}" if k in hosts else "-" for k in ("aicg", "eager"))
         write(f"{row['suite']} {row['op']}.{row['dtype']} {row['shape'][0]}x{row['shape'][1]} | "
               f"{row['seconds']['aicg'] * 1e6:.1f} | {row['tb_per_s']:.2f} | {of_copy} | {cell('eager')} | "
-              f"{cell('compile')} | {cell('triton')} | {best} | {row['aicg_kernel']}")
+              f"{cell('compile')} | {cell('triton')} | {best} | {host} | {row['aicg_kernel']}")
     out = os.environ.get("AICG_BENCH_JSON")
     if out:
         import torch

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU node: build an instance (validating and timing its
 # candidates), then benchmark it against its peers (tests/bench/test_memory_bound.py).
-#   SUITE=acceptance|grid|"acceptance or grid"   PROFILE=rulesets/profiles/default.toml
+#   PROFILE=rulesets/profiles/default.toml  GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300
 # Results go to $OUT (or ./device-out); carried wheels in .whl/ are installed first.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
@@ -16,6 +16,13 @@ timeout "${BUILD_SECONDS:-400}" python3 -m doit build profile="$PROFILE" 2>&1 | 
 instance=$(python3 -c "import sys, tomllib; print('build/' + tomllib.load(open(sys.argv[1], 'rb'))['instance']['name'])" "$PROFILE")
 cp "$instance/manifest.json" "$instance/report.md" "$OUT/" 2>/dev/null
 tar czf "$OUT/instance.tgz" "$instance"
-AICG_INSTANCE=$instance AICG_BENCH_JSON="$OUT/bench.json" timeout "${BENCH_SECONDS:-300}" \
-  python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "${SUITE:-acceptance}" -q -p no:cacheprovider \
-  --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$OUT/bench.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60
+bench() {   # bench SUITE SECONDS: interrupted (not killed) at the limit, so the table of what ran is still written
+  AICG_INSTANCE=$instance AICG_BENCH_JSON="$OUT/bench-$1.json" timeout -s INT "$2" \
+    python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "$1" -q -p no:cacheprovider \
+    --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$OUT/bench-$1.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60
+}
+bench acceptance "${ACCEPTANCE_SECONDS:-120}"
+if [ -n "${GPU_TESTS:-}" ]; then
+  timeout "${GPU_TEST_SECONDS:-200}" python3 -m pytest -m gpu $GPU_TESTS -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
+[ "${GRID_SECONDS:-0}" -gt 0 ] && bench grid "$GRID_SECONDS"
