@@ -31,6 +31,14 @@ struct Max {
 
 // `members`: the lanes of this thread's row group; a group of a warp whose
 // row lies past the end has left, so shuffles name only their own group.
+// A maximum used only to shift exponents: one instruction, and neither of
+// Max's rules changes a softmax. A NaN it drops still reaches every output
+// through its own exp and the sum; +0 and -0 shift every exp alike.
+struct ShiftMax {
+  __device__ float identity() const { return -__int_as_float(0x7f800000); }
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
 __device__ __forceinline__ float shfl_xor(float v, int offset, unsigned members) {
   return __shfl_xor_sync(members, v, offset);
 }

@@ -24,9 +24,9 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
   if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
   with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, y),
                        [&](auto& r) {
-    float m = Max().identity();
-    r.each([&](int, float v) { m = Max()(m, v); });
-    m = row_reduce<THREADS, TOPOLOGY>(m, Max());
+    float m = ShiftMax().identity();
+    r.each([&](int, float v) { m = ShiftMax()(m, v); });
+    m = row_reduce<THREADS, TOPOLOGY>(m, ShiftMax());
     float s = 0.0f;
     if constexpr (held_in_registers<decltype(r)>::value) {
       r.update([&](int, float v) { const float e = exp_<FAST_EXP>(v - m); s += e; return e; });
