@@ -5,7 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from aicg import codegen, hw, nvrtc, plan, plan_inputs, profile
+from aicg import codegen, hw, nvrtc, plan, plan_inputs
+from aicg import planning as planning_inputs
 from aicg.errors import CompileError
 
 ARCH_TARGET = {"sm_80": "a100-sxm4-80gb", "sm_90": "h100-sxm"}   # an hwdb entry of each arch
@@ -22,10 +23,9 @@ def planned(repo, shipped_ruleset):
     """The candidates `doit build` would compile for a shipped profile (or `per_family` of each)."""
     def candidates(name, per_family=None):
         rs = shipped_ruleset
-        prof = profile.load(repo / "rulesets" / "profiles" / f"{name}.toml", rs, repo / "hwdb")
-        target = hw.load_target(repo / "hwdb", prof.target)
-        facts = plan_inputs.values(plan_inputs.resolve(target))
-        return [c for _, cands in plan.plan_workload(rs, prof, facts, per_family).values() for c in cands]
+        planning = planning_inputs.load(repo / "rulesets", repo / "rulesets" / "profiles" / f"{name}.toml", repo / "hwdb")
+        return [c for _, cands in plan.plan_workload(rs, planning.prof, planning.hw_facts, per_family,
+                                                     planning.measured).values() for c in cands]
     return candidates
 
 

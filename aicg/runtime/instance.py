@@ -9,16 +9,28 @@ Kernels run on the caller's current stream with no host synchronisation.
 Each cubin is checked against the digest in the manifest before it is
 loaded. Kernels the build could not validate on the target are refused
 unless `allow_unvalidated=True`.
+
+A workload shape runs the kernel the build measured fastest there. Any
+other shape is planned on first use with the instance's own rules and
+priors (aicg/runtime/jit.py): the predicted fastest kernel, compiled and
+validated on the device if the instance does not carry it, and cached.
+`inst.jit_events` lists what that compiled and validated, with times;
+`load(..., jit=False)` runs the nearest workload shape's kernel instead.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 from .. import codegen, digest
 from ..ops import OPERATORS
 from . import arrays, driver
+from .jit import Jit, JitError
+
+
+log = logging.getLogger("aicg.jit")
 
 
 class InstanceError(RuntimeError):
@@ -57,6 +69,11 @@ class OpKernels:
         if entry is None:
             raise InstanceError(f"{self.instance.path}: no {self.op.name} kernel for {dtype} "
                                 f"(this instance has: {', '.join(sorted(self.entries)) or 'none'})")
+        tuned = any((v["rows"], v["cols"]) == (rows, cols) for v in entry.get("dispatch") or [])
+        if not tuned and self.instance.jit is not None:
+            made = self._jit_kernel(entry, dtype, device, rows, cols)
+            if made is not None:
+                return made
         variant = nearest_variant(entry, rows, cols)
         if (variant["cubin"], device) not in self._loaded:
             cubin = (self.instance.path / variant["cubin"]).read_bytes()
@@ -65,6 +82,33 @@ class OpKernels:
             driver.use_primary_context(device)
             self._loaded[(variant["cubin"], device)] = driver.Kernel(cubin, entry["entry"])
         return self._loaded[(variant["cubin"], device)], entry, variant["params"]
+
+    def _jit_kernel(self, entry: dict, dtype: str, device: int, rows: int, cols: int):
+        """The JIT's kernel for an untuned shape, or None to run the nearest tuned shape's."""
+        try:
+            made = self.instance.jit.kernel_for(self.op.name, dtype, rows, cols, validate=self._validator(dtype))
+        except JitError as err:
+            log.warning("aicg: %s; running the nearest tuned shape's kernel", err)
+            return None
+        if made.validation != "passed" and not self.instance.allow_unvalidated:
+            log.warning("aicg: %s for %dx%d is %s on this GPU; running the nearest tuned shape's kernel",
+                        made.candidate, rows, cols, made.validation)
+            return None
+        key = (f"jit:{digest.of_bytes(made.cubin)}", device)
+        if key not in self._loaded:
+            driver.use_primary_context(device)
+            self._loaded[key] = driver.Kernel(made.cubin, entry["entry"])
+        return self._loaded[key], entry, made.params
+
+    def _validator(self, dtype: str):
+        from .. import validate
+        planned = self.instance.jit.planning()
+
+        def run(cubin: bytes, params: dict, shape) -> str:
+            settings = validate.settings(planned.prof, dtype, (), (shape,))
+            return validate.validate_on_device(cubin, planned.hardware, self.op.name, dtype, params,
+                                               **settings)["status"]
+        return run
 
     def __call__(self, x, *vectors, out=None, stream=None, **scalars):
         op = self.op
@@ -105,8 +149,9 @@ class OpKernels:
 
 
 class Instance:
-    def __init__(self, path, allow_unvalidated: bool = False):
+    def __init__(self, path, allow_unvalidated: bool = False, jit: bool = True):
         self.path = Path(path)
+        self.allow_unvalidated = allow_unvalidated
         manifest_path = self.path / "manifest.json"
         if not manifest_path.is_file():
             raise InstanceError(f"{manifest_path}: no manifest; build the instance with `doit build` first")
@@ -119,6 +164,14 @@ class Instance:
         self.skipped = sorted(n for n, e in self.manifest["kernels"].items()
                               if e["validation"] != "passed" and not allow_unvalidated)
         self.ops = {op: OpKernels(self, op, entries) for op, entries in by_op.items()}
+        packaged = {v["candidate"]: v for entries in by_op.values() for e in entries.values()
+                    for v in e.get("dispatch") or []}
+        self.jit = Jit(self.path, packaged) if jit and (self.path / "source" / "profile.toml").is_file() else None
+
+    @property
+    def jit_events(self) -> list[dict]:
+        """What the JIT compiled and validated in this process, with times."""
+        return self.jit.events if self.jit is not None else []
 
     def __getattr__(self, name: str) -> OpKernels:
         ops = self.__dict__.get("ops", {})
@@ -130,5 +183,5 @@ class Instance:
         raise AttributeError(f"instance {self.__dict__.get('path')} has no operator {name!r}{why}")
 
 
-def load(path, allow_unvalidated: bool = False) -> Instance:
-    return Instance(path, allow_unvalidated)
+def load(path, allow_unvalidated: bool = False, jit: bool = True) -> Instance:
+    return Instance(path, allow_unvalidated, jit)

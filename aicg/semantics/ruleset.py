@@ -312,6 +312,9 @@ def _check_families(path: Path, families: dict[str, Family], rules: dict[str, Ru
                                     f"{missing[0]}, which atlas.toml does not state")
 
 
+FILES = ("atlas.toml", "preservation.toml", "rules.toml", "families.toml")   # what load() reads
+
+
 def load(rules_dir: Path) -> RuleSet:
     rules_dir = Path(rules_dir)
     reductions, functions, ops = _load_atlas(rules_dir / "atlas.toml")

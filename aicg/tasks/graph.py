@@ -18,9 +18,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import codegen, config, digest, hw, nvrtc, plan, plan_inputs, profile, toolchain
+from .. import codegen, config, digest, hw, nvrtc, plan, toolchain
+from .. import planning as planning_inputs
+from .. import validate
 from ..errors import CompileError, InputChanged, InputError
 from ..primitives import realisation
+from ..profile import Profile
 from ..store import LayeredStore
 from ..semantics import legality as legality_engine
 from ..semantics import ruleset as ruleset_loader
@@ -45,8 +48,6 @@ class Layout:
     def kernels(self) -> Path: return self.root / "kernels"
 
 
-# Sizes off every block and vector width, and many rows of a short length.
-AWKWARD_SHAPES = ((3, 1), (5, 7), (37, 1000), (9, 4097), (3001, 33))
 VALIDATION_PROTOCOL = 3
 
 
@@ -54,7 +55,7 @@ VALIDATION_PROTOCOL = 3
 class Instance:
     ruleset: ruleset_loader.RuleSet
     layout: Layout
-    profile: profile.Profile
+    profile: Profile
     hardware: hw.Hardware
     steps: list[Step]
     env: Env
@@ -149,19 +150,13 @@ VALIDATE_CODE = ("validate/__init__.py", "validate/check.py", "runtime/driver.py
 
 def _validation(prof, hardware: hw.Hardware, op: str, dtype: str, timed_shapes):
     """(what a validation reads, a function cubin, params -> outcome) for one operator and dtype."""
-    from .. import validate
-    settings = {"tolerance": prof.preservation.tolerance[dtype],
-                "deterministic": prof.preservation.axes["deterministic"],
-                "bitwise": prof.preservation.axes["order"] == "reference",
-                "check_shapes": AWKWARD_SHAPES + tuple(timed_shapes), "timed_shapes": tuple(timed_shapes),
-                "trials": prof.validation_trials, "repetitions": prof.timing_repetitions}
+    settings = validate.settings(prof, dtype, timed_shapes)
     reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(),
              "peak_bytes_per_second": hardware.fact("dram_bandwidth"), "op": op, "dtype": dtype, **settings}
     return reads, lambda cubin, params: validate.validate_on_device(cubin, hardware, op, dtype, params, **settings)
 
 
 def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shapes) -> Step:
-    from .. import validate
     reads, check = _validation(prof, hardware, cand.op, cand.dtype, timed_shapes)
     cubin, out = f"cubin/{cand.id}.cubin", f"validation/{cand.id}.json"
 
@@ -179,7 +174,6 @@ def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shap
 
 
 def _synthesis_steps(op: str, dtype: str, rules, prof, hardware, layout, work, hw_facts, decided) -> list[Step]:
-    from .. import validate
     from ..synth import loop
     from ..synth.llm import LLMProposer, LLMSettings
     from ..synth.proposal import SKELETON_HEADERS
@@ -230,18 +224,27 @@ def _select_step(op: str, work, candidates, prof) -> Step:
                 run, ("tasks/package.py",), upstream=upstream, targets=(out,))
 
 
+def planning_snapshot(layout: Layout, profile_path: Path, prof) -> dict[str, bytes]:
+    """What an instance carries to plan and compile a shape it was not tuned for (aicg/runtime/jit.py):
+    path inside the instance -> bytes."""
+    files = {"source/profile.toml": Path(profile_path).read_bytes()}
+    files.update({f"source/rulesets/{name}": (layout.rules / name).read_bytes() for name in ruleset_loader.FILES})
+    for path in (layout.hwdb / f"{prof.target}.toml", realisation.path_for(layout.hwdb, prof.target)):
+        if path.exists():
+            files[f"source/hwdb/{path.name}"] = path.read_bytes()
+    files.update({f"source/kernels/{h.name}": h.read_bytes() for h in sorted(layout.kernels.glob("*.cuh"))})
+    return files
+
+
 def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_config=None, recache=False) -> Instance:
-    rules = ruleset_loader.load(layout.rules)
-    prof = profile.load(profile_path, rules, layout.hwdb)
-    hardware = hw.load_target(layout.hwdb, prof.target)
-    inputs = plan_inputs.resolve(hardware)
-    hw_facts = {name: inputs[name].value for name in plan.PLAN_INPUTS}
+    planning = planning_inputs.load(layout.rules, profile_path, layout.hwdb)
+    rules, prof, hardware, inputs, hw_facts = (planning.rules, planning.prof, planning.hardware, planning.inputs,
+                                               planning.hw_facts)
+    realised, measured = planning.realised, planning.measured
     store_config = store_config or config.load(layout.root, prof.cache, recache)
     env = Env(Path(build_dir) / prof.name, LayeredStore(store_config))
 
     steps = [_hw_step(hardware)]
-    realised = realisation.load(realisation.path_for(layout.hwdb, prof.target)) if prof.prior == "measured" else None
-    measured = realisation.MeasuredPrior(realised, hw_facts) if realised else None
     drift_rejected: dict = {}
     planned = plan.plan_workload(rules, prof, hw_facts, measured=measured, rejected=drift_rejected)
     for op, work in prof.workload.items():
@@ -257,5 +260,5 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
                 if decided[dtype].legal_families():
                     steps += _synthesis_steps(op, dtype, rules, prof, hardware, layout, work, hw_facts, decided)
         steps.append(_select_step(op, work, candidates, prof))
-    steps.append(packaging.package_step(prof, hardware, planned, rules))
+    steps.append(packaging.package_step(prof, hardware, planned, rules, planning_snapshot(layout, profile_path, prof)))
     return Instance(rules, layout, prof, hardware, steps, env, inputs, drift_rejected)

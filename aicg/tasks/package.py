@@ -102,8 +102,9 @@ def _chosen_kernel(ctx, prof, ruleset, op: str, dtype: str, pick: dict, by_id: d
                 "rules": {r: legality.rules[r].as_record()["facts"] for r in cand.rules}}}
 
 
-def package_step(prof, hardware, planned: dict, ruleset) -> Step:
-    """planned: op -> ({dtype: Legality}, [Candidate])."""
+def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, bytes]) -> Step:
+    """planned: op -> ({dtype: Legality}, [Candidate]); snapshot: the planning inputs the
+    instance carries for its JIT (source/...), path -> bytes."""
     all_candidates = [c for _, cands in planned.values() for c in cands]
     rounds = [f"synth:{op}.{d}.{prof.synthesis.rounds - 1}" for op in planned for d in prof.workload[op].dtypes
               if planned[op][0][d].legal_families()] if prof.synthesis else []
@@ -111,10 +112,11 @@ def package_step(prof, hardware, planned: dict, ruleset) -> Step:
                 *(f"select:{op}" for op in planned), *(f"compile:{c.id}" for c in all_candidates), *rounds)
     reads = {"instance": prof.name, "target": hardware.identity(), "preservation": prof.preservation.as_record(),
              "toolchain": toolchain.identity(), "workload": {op: {"dtypes": list(w.dtypes), "shapes": [list(s) for s in w.shapes]}
-                                                            for op, w in prof.workload.items()}}
+                                                            for op, w in prof.workload.items()},
+             "source": {path: digest.of_bytes(data) for path, data in sorted(snapshot.items())}}
 
     def run(ctx) -> Result:
-        outputs: dict[str, bytes] = {}
+        outputs: dict[str, bytes] = dict(snapshot)
         kernels, unavailable, synthesis = {}, {}, {}
         for op, (legalities, cands) in planned.items():
             by_id = {c.id: c for c in cands}
@@ -162,4 +164,4 @@ def package_step(prof, hardware, planned: dict, ruleset) -> Step:
 
     return Step("package", f"package instance {prof.name}: manifest, report and the chosen cubins", reads, run,
                 ("tasks/package.py", "tasks/summary.py", "codegen.py", "ops.py"), upstream=upstream,
-                targets=("manifest.json", "report.md"))
+                targets=("manifest.json", "report.md", *sorted(snapshot)))

@@ -10,6 +10,21 @@ from ..hw import Hardware
 from ..runtime import driver
 
 
+# Sizes off every block and vector width, and many rows of a short length.
+AWKWARD_SHAPES = ((3, 1), (5, 7), (37, 1000), (9, 4097), (3001, 33))
+
+
+def settings(prof, dtype: str, timed_shapes, checked_shapes=()) -> dict:
+    """How a profile asks `dtype` kernels to be checked: its preservation, trials and timing, on the
+    awkward shapes, the timed shapes and `checked_shapes`."""
+    return {"tolerance": prof.preservation.tolerance[dtype],
+            "deterministic": prof.preservation.axes["deterministic"],
+            "bitwise": prof.preservation.axes["order"] == "reference",
+            "check_shapes": AWKWARD_SHAPES + tuple(timed_shapes) + tuple(checked_shapes),
+            "timed_shapes": tuple(timed_shapes), "trials": prof.validation_trials,
+            "repetitions": prof.timing_repetitions}
+
+
 def local_device_state():
     """What this machine can validate on: part of a validation step's freshness, not its key."""
     dev = driver.probe_device()

@@ -1,0 +1,45 @@
+"""What planning an instance reads, loaded once: rule sets, profile, target, plan inputs, prior.
+
+The build (aicg/tasks/graph.py) plans the profile's workload with it; the
+runtime's JIT (aicg/runtime/jit.py) plans one new shape with the same
+inputs, read from the snapshot an instance carries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import hw, plan, plan_inputs, profile
+from .primitives import realisation
+from .semantics import legality
+from .semantics import ruleset as ruleset_loader
+
+
+@dataclass(frozen=True)
+class Planning:
+    rules: object
+    prof: profile.Profile
+    hardware: hw.Hardware
+    inputs: dict                      # plan input name -> resolved input (value and source)
+    hw_facts: dict                    # plan input name -> value
+    realised: realisation.Profile | None
+    measured: realisation.MeasuredPrior | None
+
+    def best_for_shape(self, op: str, dtype: str, shape: tuple[int, int]) -> list[plan.Candidate]:
+        """Every legal family's predicted best candidate for one shape, fastest first."""
+        decided = legality.decide_all(op, (dtype,), self.rules, self.prof.preservation, self.prof.choice)
+        bounds = {dtype: self.prof.preservation.tolerance[dtype][0]}
+        found = plan.plan_op(op, decided, self.rules.families_of(op), (dtype,), (tuple(shape),), self.hw_facts,
+                             per_family=1, measured=self.measured, bounds=bounds, rejected=[])
+        return sorted(found, key=lambda c: (c.predicted_seconds[0], c.id))
+
+
+def load(rules_dir: Path, profile_path: Path, hwdb_dir: Path) -> Planning:
+    rules = ruleset_loader.load(rules_dir)
+    prof = profile.load(profile_path, rules, hwdb_dir)
+    hardware = hw.load_target(hwdb_dir, prof.target)
+    inputs = plan_inputs.resolve(hardware)
+    hw_facts = {name: inputs[name].value for name in plan.PLAN_INPUTS}
+    realised = realisation.load(realisation.path_for(hwdb_dir, prof.target)) if prof.prior == "measured" else None
+    measured = realisation.MeasuredPrior(realised, hw_facts) if realised else None
+    return Planning(rules, prof, hardware, inputs, hw_facts, realised, measured)

@@ -1,0 +1,158 @@
+"""Kernels for shapes an instance was not tuned for, made on first use.
+
+An instance carries a snapshot of what planned it (source/: the profile, the
+rule sets, the target's hwdb entry and realisation profile, the kernel
+headers). For a shape outside its workload, the JIT plans that operator and
+dtype for that one shape with those inputs: the same legality, preservation
+and prior as the build. Of the predicted fastest candidates it takes the
+first that
+
+- the instance already carries (a packaged cubin: nothing to compile), or
+- is in the instance's JIT cache (jit/<compile key>.cubin, its digest
+  checked on every read; a damaged entry is compiled again), or
+- NVRTC compiles without spilling, with the build's source and options.
+
+A kernel it compiled is validated on the device against float64 before its
+first launch (the build's checks, without timing); the outcome is kept
+beside the cubin, per GPU, so later processes skip it. Every compilation and
+validation is reported with its time: `events`, and the "aicg.jit" logger.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import cas, codegen, digest, nvrtc, planning, toolchain
+
+log = logging.getLogger("aicg.jit")
+
+VALIDATION_ROWS = 256   # rows of the new shape checked, besides the build's awkward shapes
+
+
+class JitError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class JitKernel:
+    candidate: str
+    params: dict
+    cubin: bytes
+    origin: str              # "packaged", "jit cache" or "compiled"
+    validation: str          # "passed", "failed", "unvalidated" ("packaged": the build's)
+
+
+def _spills(resources: dict) -> bool:
+    """The build rejects a kernel that spills (local-memory traffic the plan did not pay for); so does the JIT."""
+    return bool(resources["spill_store_bytes"] + resources["spill_load_bytes"])
+
+
+def rows_class(rows: int) -> int:
+    """Row counts plan alike within a factor of two: the nearest power of two."""
+    return 1 << max(0, round(math.log2(max(1, rows))))
+
+
+@dataclass
+class Jit:
+    instance_dir: Path
+    packaged: dict[str, dict]          # candidate id -> {"cubin": path, "params": ...} the instance carries
+    events: list[dict] = field(default_factory=list)
+    _planning: planning.Planning | None = None
+
+    @property
+    def source(self) -> Path:
+        return self.instance_dir / "source"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.instance_dir / "jit"
+
+    def available(self) -> bool:
+        return (self.source / "profile.toml").is_file()
+
+    def planning(self) -> planning.Planning:
+        if self._planning is None:
+            if not self.available():
+                raise JitError(f"{self.source}: no planning snapshot; rebuild the instance to use shapes "
+                               "outside its workload")
+            self._planning = planning.load(self.source / "rulesets", self.source / "profile.toml",
+                                           self.source / "hwdb")
+        return self._planning
+
+    def kernel_for(self, op: str, dtype: str, rows: int, cols: int, validate=None) -> JitKernel:
+        """The kernel for a new shape. `validate(cubin, params) -> status` runs where a device is
+        (None: leave a compiled kernel unvalidated)."""
+        shape = (rows_class(rows), cols)
+        planned = self.planning()
+        tried = []
+        for cand in planned.best_for_shape(op, dtype, shape):
+            if cand.id in self.packaged:
+                entry = self.packaged[cand.id]
+                cubin = (self.instance_dir / entry["cubin"]).read_bytes()
+                if digest.of_bytes(cubin) != entry["cubin_digest"]:
+                    raise JitError(f"{self.instance_dir / entry['cubin']}: digest does not match the manifest")
+                return self._note(op, dtype, (rows, cols), JitKernel(cand.id, cand.params, cubin, "packaged", "passed"))
+            made = self._cached_or_compiled(cand, planned)
+            if made is None:
+                tried.append(cand.id)
+                continue
+            cubin, meta, origin = made
+            status = meta["validation"].get(planned.hardware.name)
+            if status is None and validate is not None:
+                began = time.perf_counter()
+                status = validate(cubin, cand.params, (min(rows, VALIDATION_ROWS), cols))
+                meta["validation"][planned.hardware.name] = status
+                self._write_meta(meta)
+                self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "candidate": cand.id,
+                                    "validated": status, "seconds": time.perf_counter() - began})
+                log.info("aicg: validated %s for %dx%d: %s in %.2f s", cand.id, rows, cols, status,
+                         self.events[-1]["seconds"])
+            if status == "failed":
+                tried.append(cand.id)
+                continue
+            return self._note(op, dtype, (rows, cols), JitKernel(cand.id, cand.params, cubin, origin,
+                                                                  status or "unvalidated"))
+        raise JitError(f"no kernel for {op} {dtype} at {rows}x{cols}: every legal candidate was rejected "
+                       f"({', '.join(tried) or 'none legal'})")
+
+    def _note(self, op, dtype, shape, kernel: JitKernel) -> JitKernel:
+        log.debug("aicg: %s %s %dx%d -> %s (%s)", op, dtype, *shape, kernel.candidate, kernel.origin)
+        return kernel
+
+    def _compile_inputs(self, cand, planned) -> tuple[str, dict[str, bytes], str, str]:
+        family = planned.rules.families[cand.family]
+        source = codegen.source(cand.id, family, cand.dtype, cand.params)
+        headers = nvrtc.include_closure(family.header, self.source / "kernels")
+        arch = planned.hardware.arch
+        key = digest.of_value({"source": source, "headers": {n: digest.of_bytes(b) for n, b in headers.items()},
+                               "arch": arch, "options": list(nvrtc.OPTIONS), "toolchain": toolchain.identity()})
+        return source, headers, arch, key
+
+    def _cached_or_compiled(self, cand, planned):
+        """(cubin, metadata, origin), or None where the candidate spills registers."""
+        source, headers, arch, key = self._compile_inputs(cand, planned)
+        meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
+        if meta_path.is_file() and cubin_path.is_file():
+            meta = json.loads(meta_path.read_text())
+            cubin = cubin_path.read_bytes()
+            if digest.of_bytes(cubin) == meta.get("cubin_digest"):
+                return None if _spills(meta["resources"]) else (cubin, meta, "jit cache")
+            log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
+        began = time.perf_counter()
+        cubin, resources, _log = nvrtc.compile_cubin(source, f"src/{cand.id}.cu", headers, arch)
+        seconds = time.perf_counter() - began
+        meta = {"key": key, "candidate": cand.id, "params": cand.params, "cubin_digest": digest.of_bytes(cubin),
+                "resources": resources, "compile_seconds": seconds, "validation": {}}
+        cas.write_atomic(cubin_path, cubin)
+        self._write_meta(meta)
+        self.events.append({"op": cand.op, "dtype": cand.dtype, "candidate": cand.id, "compiled": True,
+                            "seconds": seconds, "spilled": _spills(resources)})
+        log.info("aicg: compiled %s in %.2f s", cand.id, seconds)
+        return None if _spills(resources) else (cubin, meta, "compiled")
+
+    def _write_meta(self, meta: dict) -> None:
+        cas.write_atomic(self.cache_dir / f"{meta['key']}.json", (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())

@@ -1,0 +1,114 @@
+"""The JIT path for shapes an instance was not tuned for: planning from the
+instance's own snapshot, NVRTC, and its cache. No GPU needed: validation is
+a function handed in (the runtime passes the device check)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from aicg import nvrtc
+from aicg.runtime import jit as jit_mod
+from aicg.runtime.instance import Instance
+
+from doit_project import REPO, doit, make_project, profile_text
+
+NEW_SHAPE = (1 << 20, 8)     # far from the workload's 64x1000: short rows, many of them
+
+
+@pytest.fixture(scope="module")
+def instance_dir(tmp_path_factory):
+    project = make_project(tmp_path_factory.mktemp("jit"), profile_text(ops=("softmax",), per_family=1))
+    assert doit(project, "build", "profile=rulesets/profiles/small.toml").code == 0
+    return project / "build" / "small"
+
+
+def fresh_jit(instance_dir, tmp_path) -> jit_mod.Jit:
+    """A JIT over a copy of the instance (its own cache), as a new process would see it."""
+    import shutil
+    copy = tmp_path / "instance"
+    if not copy.exists():
+        shutil.copytree(instance_dir, copy)
+    return Instance(copy, allow_unvalidated=True).jit
+
+
+def test_an_instance_carries_the_planning_inputs_it_was_built_from(instance_dir):
+    source = instance_dir / "source"
+    assert (source / "profile.toml").read_text() == (instance_dir.parents[1] / "rulesets/profiles/small.toml").read_text()
+    for name in ("atlas.toml", "preservation.toml", "rules.toml", "families.toml"):
+        assert (source / "rulesets" / name).read_bytes() == (REPO / "rulesets" / name).read_bytes()
+    assert (source / "hwdb/nvidia-h200.toml").read_bytes() == (REPO / "hwdb/nvidia-h200.toml").read_bytes()
+    assert (source / "hwdb/nvidia-h200.realisation.json").is_file()
+    assert {p.name for p in (source / "kernels").glob("*.cuh")} == {p.name for p in (REPO / "kernels").glob("*.cuh")}
+
+
+def test_a_new_shape_is_planned_compiled_once_and_then_read_from_the_cache(instance_dir, tmp_path, caplog):
+    jit = fresh_jit(instance_dir, tmp_path)
+    planned = jit.planning().best_for_shape("softmax", "float32", (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1]))
+    assert planned[0].id not in jit.packaged, "the test needs a shape whose predicted best is not packaged"
+    before = nvrtc.compilations
+    with caplog.at_level(logging.INFO, logger="aicg.jit"):
+        made = jit.kernel_for("softmax", "float32", *NEW_SHAPE)
+    assert made.origin == "compiled" and made.candidate == planned[0].id and made.validation == "unvalidated"
+    assert nvrtc.compilations == before + 1
+    compiled = [e for e in jit.events if e.get("compiled")]
+    assert compiled and compiled[0]["candidate"] == made.candidate and compiled[0]["seconds"] > 0
+    assert f"compiled {made.candidate}" in caplog.text
+
+    again = jit.kernel_for("softmax", "float32", NEW_SHAPE[0] + 1000, NEW_SHAPE[1])   # same row class
+    assert (again.origin, again.cubin) == ("jit cache", made.cubin) and nvrtc.compilations == before + 1
+
+    later = fresh_jit(instance_dir, tmp_path)       # another process, the same instance folder
+    assert later.kernel_for("softmax", "float32", *NEW_SHAPE).origin == "jit cache"
+    assert nvrtc.compilations == before + 1 and later.events == []
+
+
+def test_the_jit_compiles_what_the_build_compiles(instance_dir, tmp_path):
+    """The same candidate gives the same source and so the same cubin, byte for byte."""
+    jit = fresh_jit(instance_dir, tmp_path)
+    made = jit.kernel_for("softmax", "float32", *NEW_SHAPE)
+    planned = jit.planning()
+    family = planned.rules.families[made.candidate.split(".")[0]]
+    from aicg import codegen
+    source = codegen.source(made.candidate, family, "float32", made.params)
+    cubin, _, _ = nvrtc.compile_cubin(source, f"src/{made.candidate}.cu",
+                                      nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90")
+    assert cubin == made.cubin
+
+
+def test_a_damaged_cache_entry_is_compiled_again(instance_dir, tmp_path, caplog):
+    jit = fresh_jit(instance_dir, tmp_path)
+    made = jit.kernel_for("softmax", "float32", *NEW_SHAPE)
+    [cubin_path] = [p for p in jit.cache_dir.glob("*.cubin")
+                    if p.read_bytes() == made.cubin]
+    cubin_path.write_bytes(made.cubin[:-7] + b"garbage")
+    before = nvrtc.compilations
+    with caplog.at_level(logging.WARNING, logger="aicg.jit"):
+        again = fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE)
+    assert again.origin == "compiled" and again.cubin == made.cubin and nvrtc.compilations == before + 1
+    assert "does not match its digest" in caplog.text
+    assert cubin_path.read_bytes() == made.cubin
+
+
+def test_validation_runs_once_per_gpu_and_a_failed_kernel_is_passed_over(instance_dir, tmp_path):
+    jit = fresh_jit(instance_dir, tmp_path)
+    calls = []
+
+    def failing_first(cubin, params, shape):
+        calls.append(shape)
+        return "failed" if len(calls) == 1 else "passed"
+
+    made = jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=failing_first)
+    ranked = jit.planning().best_for_shape("softmax", "float32", (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1]))
+    assert made.candidate != ranked[0].id and made.validation == "passed"
+    assert calls[0] == (jit_mod.VALIDATION_ROWS, NEW_SHAPE[1])
+    n = len(calls)
+    later = fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE, validate=failing_first)
+    assert later.candidate == made.candidate and len(calls) == n    # outcomes recorded per GPU, not re-run
+
+
+def test_without_a_snapshot_the_jit_says_what_to_do(tmp_path):
+    empty = jit_mod.Jit(tmp_path, {})
+    assert not empty.available()
+    with pytest.raises(jit_mod.JitError, match="no planning snapshot; rebuild the instance"):
+        empty.kernel_for("softmax", "float32", 10, 10)
