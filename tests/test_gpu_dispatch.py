@@ -28,7 +28,8 @@ def test_each_shape_runs_the_kernel_measured_fastest_on_it(tmp_path):
     root = project / "build/small"
     entry = json.loads((root / "manifest.json").read_text())["kernels"]["softmax.float32"]
     assert entry["validation"] == "passed" and len(entry["dispatch"]) == 2
-    inst = aicg.load(root)
+    # without the JIT an unseen shape (7x333) runs the nearest tuned shape's kernel
+    inst = aicg.load(root, jit=False)
     for rows, cols in [(300, 20000), (20000, 96), (7, 333)]:
         x = torch.randn(rows, cols, device="cuda") * 3
         y = inst.softmax(x)

@@ -54,6 +54,7 @@ class OpKernels:
         self.instance, self.op, self.entries = instance, OPERATORS[op], entries
         self._loaded: dict[tuple[str, int], driver.Kernel] = {}
         self._by_shape: dict[tuple, tuple[driver.Kernel, dict, dict]] = {}
+        self.chosen: dict[tuple, str] = {}   # (dtype, rows, cols) -> the candidate that ran there
 
     def _kernel(self, dtype: str, device: int, rows: int, cols: int) -> tuple[driver.Kernel, dict, dict]:
         """(kernel, manifest entry, the parameters of the variant that serves this shape)."""
@@ -81,6 +82,7 @@ class OpKernels:
                 raise InstanceError(f"{self.instance.path / variant['cubin']}: digest does not match the manifest")
             driver.use_primary_context(device)
             self._loaded[(variant["cubin"], device)] = driver.Kernel(cubin, entry["entry"])
+        self.chosen[(dtype, rows, cols)] = variant.get("candidate", entry["candidate"])
         return self._loaded[(variant["cubin"], device)], entry, variant["params"]
 
     def _jit_kernel(self, entry: dict, dtype: str, device: int, rows: int, cols: int):
@@ -98,6 +100,7 @@ class OpKernels:
         if key not in self._loaded:
             driver.use_primary_context(device)
             self._loaded[key] = driver.Kernel(made.cubin, entry["entry"])
+        self.chosen[(dtype, rows, cols)] = made.candidate
         return self._loaded[key], entry, made.params
 
     def _validator(self, dtype: str):

@@ -36,8 +36,8 @@ pytest.importorskip("triton")
 
 import aicg  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
-from aicg.runtime.instance import nearest_variant  # noqa: E402
 
+import bench_table  # noqa: E402
 import peers  # noqa: E402
 
 DEVICE = driver.probe_device()
@@ -203,4 +203,5 @@ def test_memory_bound(benchmark, instance, flush, suite, op, dtype, shape, conte
     record[contender] = benchmark.stats.stats.median
     record[f"{contender}_host"] = host_seconds(fn)
     if contender == "aicg":
-        record["aicg_kernel"] = nearest_variant(instance.ops[op].entries[dtype], *shape)["candidate"]
+        record["aicg_kernel"] = instance.ops[op].chosen.get((dtype, *shape))
+    bench_table.write_json(RESULTS)

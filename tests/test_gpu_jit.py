@@ -1,0 +1,58 @@
+"""GPU test: shapes outside an instance's workload go through the JIT: planned,
+compiled, validated on the device before their first launch, cached, correct.
+
+Skipped without an H200 (the hwdb target); run on the device with `pytest -m gpu`.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from aicg.runtime import driver
+from doit_project import doit, make_project, profile_text
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    driver.probe_device() is None or driver.probe_device().name != "NVIDIA H200", reason="needs an NVIDIA H200")]
+
+PROFILE = profile_text(ops=("softmax", "rmsnorm"), dtypes=("float32", "bfloat16"), shapes=((256, 4096),),
+                       per_family=1, extra="[validation]\ntiming_repetitions = 3\n")
+NEW_SHAPES = [(1 << 20, 8), (3000, 96), (1, 65536), (5, 7)]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    project = make_project(tmp_path_factory.mktemp("gpu_jit"), PROFILE)
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    assert run.code == 0, run.output
+    return project / "build/small"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_new_shapes_are_compiled_validated_and_correct(built, tmp_path, dtype):
+    torch = pytest.importorskip("torch")
+    import aicg
+    root = shutil.copytree(built, tmp_path / "instance")
+    inst = aicg.load(root)
+    t = getattr(torch, dtype)
+    tol = {"float32": (1e-5, 1e-7), "bfloat16": (1.6e-2, 1e-5)}[dtype]
+    for rows, cols in NEW_SHAPES:
+        x = (torch.randn(rows, cols, device="cuda") * 3).to(t)
+        w = torch.rand(cols, device="cuda").add(0.5).to(t)
+        y = torch.full_like(x, float("nan"))
+        inst.softmax(x, out=y)
+        ref = torch.softmax(x.double(), -1)
+        assert ((y.double() - ref).abs() <= tol[1] + tol[0] * ref.abs()).all(), (rows, cols)
+        z = inst.rmsnorm(x, w)
+        xd = x.double()
+        ref = xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-5) * w.double()
+        assert ((z.double() - ref).abs() <= tol[1] + tol[0] * ref.abs()).all(), (rows, cols)
+    validated = [e for e in inst.jit_events if "validated" in e]
+    assert validated and all(e["validated"] == "passed" for e in validated)
+    compiled = [e for e in inst.jit_events if e.get("compiled")]
+    assert compiled, "the new shapes need kernels the instance does not carry"
+
+    again = aicg.load(root)          # a new process: cubins and outcomes come from the cache
+    x = torch.randn(*NEW_SHAPES[0], device="cuda").to(t)
+    again.softmax(x)
+    assert again.jit_events == []
