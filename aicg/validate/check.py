@@ -68,6 +68,8 @@ class Buffers:
     def launch(self, kernel, params: dict, first_row: int = 0, rows: int | None = None) -> None:
         """Launch over rows [first_row, first_row + rows) only (all by default)."""
         rows = self.rows - first_row if rows is None else rows
+        if rows <= 0:   # the second half of a one-row split: nothing to launch (a grid of no blocks is an error)
+            return
         out_row = self.out_count // self.rows * self.dtype.size
         offsets = {"x": first_row * self.cols * self.dtype.size, "y": first_row * out_row}
         values = {"rows": (rows, "int"), "cols": (self.cols, "int")}
