@@ -30,6 +30,7 @@ PLAN_INPUTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_b
                "saturating_bytes_per_sm", "uncoalesced_penalty", "block_reduction_seconds")
 
 BASE_REGISTERS = 32             # a family's registers before it holds any of the row
+SECTOR_BYTES = 32              # the unit a DRAM or L2 access moves
 REGISTER_MARGIN = 16            # room for the sweeps' temporaries beside a held row
 
 _WHEN = {
@@ -107,7 +108,9 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     in_flight = resident_blocks * threads * vec * dtype.size * plan_inputs.LOADS_IN_FLIGHT
     fill = min(1.0, in_flight / (hw["sm_count"] * hw["saturating_bytes_per_sm"]))
     # A thread per row: a warp's access touches 32 rows; wider accesses use more of each.
-    coalescing = min(1.0, vec * dtype.size / 4 / hw["uncoalesced_penalty"]) if lanes == 1 else 1.0
+    # Rows no longer than a 32-byte sector lie side by side, so the warp reads whole sectors.
+    strided = lanes == 1 and row_bytes > SECTOR_BYTES
+    coalescing = min(1.0, vec * dtype.size / 4 / hw["uncoalesced_penalty"]) if strided else 1.0
     bandwidth = hw["dram_bandwidth"] * fill * lane_use * coalescing
 
     seconds = hw["launch_seconds"] + (dram_bytes + cached_bytes / hw["cached_sweep_speedup"]) / bandwidth

@@ -151,3 +151,16 @@ def test_more_dram_bandwidth_predicts_shorter_times(shipped_ruleset, load_profil
     assert slow.keys() == fast.keys()
     for cid in slow:
         assert all(f < s for f, s in zip(fast[cid].predicted_seconds, slow[cid].predicted_seconds)), cid
+
+
+def test_short_rows_go_to_one_thread_each_and_long_rows_to_many(shipped_ruleset, all_facts):
+    """The datasheet model: rows within a 32-byte sector lie side by side, so a thread per row
+    reads whole sectors; a long row read by one thread strides and pays the uncoalesced penalty."""
+    family = shipped_ruleset.families["row_sum_tree"]
+    params = {"threads": 256, "vec_bytes": 16, "fast_exp": False, "cache_packs": 0}
+
+    def seconds(topology, shape):
+        return plan.predict_seconds(family, "float32", {**params, "topology": topology}, shape, all_facts)
+    for shape in [(1 << 22, 1), (1 << 20, 8)]:
+        assert seconds("thread", shape) < seconds("lanes4", shape) < seconds("warp", shape)
+    assert seconds("warp", (1 << 15, 1024)) < seconds("thread", (1 << 15, 1024))
