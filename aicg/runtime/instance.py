@@ -62,6 +62,7 @@ class OpKernels:
         if key not in self._by_shape:
             if len(self._by_shape) > 4096:    # many distinct shapes: keep the lookup bounded
                 self._by_shape.clear()
+                self.chosen.clear()
             self._by_shape[key] = self._find_kernel(dtype, device, rows, cols)
         return self._by_shape[key]
 
