@@ -1,0 +1,49 @@
+"""How validation launches a kernel over part of a matrix, without a GPU: the
+device buffers and the kernel are stand-ins that record what they are given."""
+from __future__ import annotations
+
+import pytest
+
+from aicg.dtypes import DTYPES
+from aicg.ops import OPERATORS
+from aicg.validate import check
+
+PARAMS = {"threads": 128, "vec_bytes": 16, "topology": "warp", "fast_exp": False, "cache_packs": 0}
+
+
+class StandInBuffer:
+    def __init__(self, nbytes):
+        self.ptr = 0x1000_0000 + nbytes   # distinct, and never dereferenced
+
+
+class RecordingKernel:
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, grid, block, args, stream=0, shared_bytes=0):
+        self.launches.append((grid, block, dict(zip(OPERATORS["rmsnorm"].argument_names(), args))))
+
+
+@pytest.fixture
+def buffers(monkeypatch):
+    monkeypatch.setattr(check.driver, "Buffer", StandInBuffer)
+    return lambda rows, cols: check.Buffers(OPERATORS["rmsnorm"], DTYPES["float32"], rows, cols)
+
+
+def test_a_split_launch_covers_each_row_once_from_its_own_offset(buffers):
+    b, kernel = buffers(10, 7), RecordingKernel()
+    b.launch(kernel, PARAMS, 0, 4)
+    b.launch(kernel, PARAMS, 4)
+    (g1, _, a1), (g2, _, a2) = kernel.launches
+    assert (a1["rows"][0], a2["rows"][0]) == (4, 6)
+    assert a2["x"][0] - a1["x"][0] == a2["y"][0] - a1["y"][0] == 4 * 7 * 4
+    assert a2["w"] == a1["w"]   # per-column vectors are not offset
+    assert g1 * 4 >= 4 and g2 * 4 >= 6     # a warp per row, four rows per block
+
+
+def test_the_empty_half_of_a_one_row_split_launches_nothing(buffers):
+    """A grid of no blocks is a CUDA error (it failed a JIT validation of a one-row shape)."""
+    b, kernel = buffers(1, 65536), RecordingKernel()
+    b.launch(kernel, PARAMS, 0, (1 + 1) // 2)
+    b.launch(kernel, PARAMS, (1 + 1) // 2)
+    assert len(kernel.launches) == 1 and kernel.launches[0][2]["rows"][0] == 1
