@@ -112,3 +112,17 @@ def test_without_a_snapshot_the_jit_says_what_to_do(tmp_path):
     assert not empty.available()
     with pytest.raises(jit_mod.JitError, match="no planning snapshot; rebuild the instance"):
         empty.kernel_for("softmax", "float32", 10, 10)
+
+
+def test_an_unvalidated_outcome_is_not_kept(instance_dir, tmp_path):
+    """On a machine without the target GPU the validation says "unvalidated"; the target must still check it."""
+    calls = []
+
+    def elsewhere(cubin, params, shape):
+        calls.append(shape)
+        return "unvalidated"
+
+    made = fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE, validate=elsewhere)
+    assert made.validation == "unvalidated"
+    fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE, validate=elsewhere)
+    assert len(calls) == 2

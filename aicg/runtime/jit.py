@@ -105,8 +105,9 @@ class Jit:
             if status is None and validate is not None:
                 began = time.perf_counter()
                 status = validate(cubin, cand.params, (min(rows, VALIDATION_ROWS), cols))
-                meta["validation"][planned.hardware.name] = status
-                self._write_meta(meta)
+                if status in ("passed", "failed"):    # "unvalidated" (not the target GPU) is no outcome to keep
+                    meta["validation"][planned.hardware.name] = status
+                    self._write_meta(meta)
                 self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "candidate": cand.id,
                                     "validated": status, "seconds": time.perf_counter() - began})
                 log.info("aicg: validated %s for %dx%d: %s in %.2f s", cand.id, rows, cols, status,
