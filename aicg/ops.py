@@ -2,7 +2,8 @@
 
 The atlas (rulesets/atlas.toml) says what an operator means; this registry
 says how aicg calls and checks it. Every operator works on rows of a
-row-major matrix x of shape (rows, cols).
+row-major matrix x of shape (rows, cols); a fused one may read further
+matrices of the same shape (a residual) beside it.
 
 `reference` returns (y, scale) in float64: the exact result on the given
 (already rounded) inputs, and the magnitude errors are measured against,
@@ -11,6 +12,7 @@ sum's condition), not |sum x|, which can be arbitrarily small.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,17 +31,19 @@ class Operator:
     # The reference evaluation order in float32, for bitwise checks: only
     # operators with an exact or sequential legal family need one.
     emulate: Callable | None = None
+    matrices: tuple[str, ...] = ()    # inputs shaped like x besides it, in argument order (after x)
 
     def kernel_params(self, ctype: str) -> list[str]:
         """C++ parameter list of the generated kernel, in launch order."""
         params = [f"const {ctype}* __restrict__ x"]
+        params += [f"const {ctype}* __restrict__ {m}" for m in self.matrices]
         params += [f"const {ctype}* __restrict__ {v}" for v in self.vectors]
         params += [f"{ctype}* __restrict__ y", "int rows", "int cols"]
         params += [f"float {name}" for name, _ in self.scalars]
         return params
 
     def argument_names(self) -> list[str]:
-        return ["x", *self.vectors, "y", "rows", "cols", *(n for n, _ in self.scalars)]
+        return ["x", *self.matrices, *self.vectors, "y", "rows", "cols", *(n for n, _ in self.scalars)]
 
     def output_shape(self, rows: int, cols: int) -> tuple[int, ...]:
         return (rows, cols) if self.output == "matrix" else (rows,)
@@ -74,6 +78,24 @@ def _layernorm(x, w, b, eps, **_):
     return y, (np.abs(x) + np.abs(mu)) * r * np.abs(w) + np.abs(b)
 
 
+def _gelu(z):
+    erf = np.frompyfunc(math.erf, 1, 1)   # numpy has no erf; validation shapes are small
+    return z * (1.0 + erf(z / math.sqrt(2.0)).astype(np.float64)) / 2.0
+
+
+def _bias_gelu_residual(x, r, b, **_):
+    g = _gelu(x + b)
+    # x + b rounds before gelu (slope at most 1.13) and the sum with r can cancel
+    return g + r, np.abs(g) + np.abs(r) + np.abs(x) + np.abs(b)
+
+
+def _residual_rmsnorm(x, r, w, eps, **_):
+    h = x + r
+    inv = 1.0 / np.sqrt((h * h).mean(axis=1, keepdims=True) + eps)
+    # x + r can cancel: its rounding error scales with |x| + |r|, not with |h|
+    return h * inv * w, (np.abs(x) + np.abs(r)) * inv * np.abs(w)
+
+
 def _row_sum_sequential(x32):
     return np.add.accumulate(x32, axis=1, dtype=np.float32)[:, -1]
 
@@ -91,4 +113,8 @@ OPERATORS: dict[str, Operator] = {
     "row_max": Operator("row_max", (), "rows", (), _row_max, _row_max_exact),
     "rmsnorm": Operator("rmsnorm", ("w",), "matrix", (("eps", EPS),), _rmsnorm),
     "layernorm": Operator("layernorm", ("w", "b"), "matrix", (("eps", EPS),), _layernorm),
+    "bias_gelu_residual": Operator("bias_gelu_residual", ("b",), "matrix", (), _bias_gelu_residual,
+                                   matrices=("r",)),
+    "residual_rmsnorm": Operator("residual_rmsnorm", ("w",), "matrix", (("eps", EPS),), _residual_rmsnorm,
+                                 matrices=("r",)),
 }

@@ -95,7 +95,7 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     # when the rows being worked on at once fit in it.
     row_bytes = cols * dtype.size
     out_bytes = rows * (cols if op.output == "matrix" else 1) * dtype.size
-    vector_bytes = len(op.vectors) * row_bytes
+    vector_bytes = len(op.vectors) * row_bytes + len(op.matrices) * rows * row_bytes
     resident_fits = resident_blocks * rows_per_block * row_bytes <= hw["l2_capacity"]
     extra = (0 if fits else family.sweeps - 1) * rows * row_bytes
     dram_bytes = rows * row_bytes + out_bytes + vector_bytes + (0 if resident_fits else extra)

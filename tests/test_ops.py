@@ -11,12 +11,13 @@ ROWS, COLS = 7, 33
 @pytest.fixture
 def data():
     rng = np.random.default_rng(1)
-    return {"x": rng.standard_normal((ROWS, COLS)) * 3, "w": rng.standard_normal(COLS), "b": rng.standard_normal(COLS)}
+    return {"x": rng.standard_normal((ROWS, COLS)) * 3, "r": rng.standard_normal((ROWS, COLS)) * 3,
+            "w": rng.standard_normal(COLS), "b": rng.standard_normal(COLS)}
 
 
 def run(name, data):
     op = OPERATORS[name]
-    return op.reference(data["x"], **{v: data[v] for v in op.vectors}, **dict(op.scalars))
+    return op.reference(data["x"], **{v: data[v] for v in (*op.matrices, *op.vectors)}, **dict(op.scalars))
 
 
 def test_softmax(data):
@@ -64,12 +65,35 @@ def test_layernorm(data):
     assert np.all(scale >= np.abs(y))          # the scale bounds the result (triangle inequality)
 
 
+def test_bias_gelu_residual(data):
+    x, r, b = data["x"], data["r"], data["b"]
+    expected = [[(v + b[j]) * (1 + math.erf((v + b[j]) / math.sqrt(2))) / 2 + r[i][j] for j, v in enumerate(row)]
+                for i, row in enumerate(x)]
+    y, scale = run("bias_gelu_residual", data)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    assert np.all(scale >= np.abs(y))
+    # where gelu(x + b) and r cancel, the scale still carries the inputs' size
+    y, scale = OPERATORS["bias_gelu_residual"].reference(np.array([[2.0]]), np.array([[-1.9544997361036416]]),
+                                                          np.array([0.0]))
+    assert abs(y[0, 0]) < 1e-12 and scale[0, 0] > 3.9
+
+
+def test_residual_rmsnorm_is_rmsnorm_of_the_sum(data):
+    h = {**data, "x": data["x"] + data["r"]}
+    y, _ = run("residual_rmsnorm", data)
+    expected, _ = run("rmsnorm", h)
+    np.testing.assert_allclose(y, expected, rtol=1e-12)
+    y, scale = OPERATORS["residual_rmsnorm"].reference(np.array([[1.0, 2.0]]), np.array([[-1.0, 1.0]]),
+                                                        np.array([1.0, 1.0]), EPS)
+    assert scale[0, 0] > abs(y[0, 0])          # 1 - 1 = 0 cancels: the bound keeps the inputs' size
+
+
 @pytest.mark.parametrize("name", sorted(OPERATORS))
 def test_output_shapes(name, data):
     op = OPERATORS[name]
     y, scale = run(name, data)
     assert y.shape == scale.shape == op.output_shape(ROWS, COLS)
-    assert op.output_shape(ROWS, COLS) == ((ROWS, COLS) if name in {"softmax", "rmsnorm", "layernorm"} else (ROWS,))
+    assert op.output_shape(ROWS, COLS) == ((ROWS,) if name in {"row_sum", "row_max"} else (ROWS, COLS))
     assert np.all(scale >= 0) and np.all(scale >= np.abs(y) * (1 - 1e-15))
 
 
@@ -79,6 +103,7 @@ def test_kernel_parameters_follow_the_argument_names(name):
     params, names = op.kernel_params("float"), op.argument_names()
     assert len(params) == len(names)
     assert [p.split()[-1] for p in params] == names
-    assert names[0] == "x" and names[len(op.vectors) + 1] == "y"
-    assert all(p.startswith("const float*") for p in params[:1 + len(op.vectors)])
-    assert params[1 + len(op.vectors)].startswith("float*")
+    inputs = 1 + len(op.matrices) + len(op.vectors)
+    assert names[:inputs] == ["x", *op.matrices, *op.vectors] and names[inputs] == "y"
+    assert all(p.startswith("const float*") for p in params[:inputs])
+    assert params[inputs].startswith("float*")

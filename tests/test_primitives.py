@@ -23,10 +23,17 @@ def h200(repo, shipped_ruleset):
     return target, inputs, recorded, realisation.MeasuredPrior(recorded, inputs)
 
 
+# Families added after the recorded lab run: the planner predicts them with the
+# datasheet model until `doit primitives` measures them on the H200.
+NOT_YET_MEASURED = {"bias_gelu_residual_map", "residual_rmsnorm_tree"}
+
+
 def test_the_recorded_profile_covers_every_runnable_realisation(h200, shipped_ruleset):
     _, inputs, recorded, _ = h200
     ids = {r["id"] for r in recorded.records}
-    assert {c.id for c in lab.configurations(shipped_ruleset, inputs)} == ids
+    configs = lab.configurations(shipped_ruleset, inputs)
+    assert {c.id for c in configs if c.family not in NOT_YET_MEASURED} == ids
+    assert not {r["family"] for r in recorded.records} & NOT_YET_MEASURED, "measured now: empty NOT_YET_MEASURED"
     assert recorded.provenance["device"] == "NVIDIA H200" and recorded.provenance["date"]
     assert {r["cols"] for r in recorded.records} == set(lab.COLS)
 

@@ -114,10 +114,13 @@ class OpKernels:
                                                **settings)["status"]
         return run
 
-    def __call__(self, x, *vectors, out=None, stream=None, **scalars):
+    def __call__(self, x, *inputs, out=None, stream=None, **scalars):
+        """x, then the operator's further matrices (shaped like x), then its per-column vectors."""
         op = self.op
-        if len(vectors) != len(op.vectors):
-            raise TypeError(f"{op.name} takes x and {len(op.vectors)} vector(s) ({', '.join(op.vectors) or 'none'}), got {len(vectors)}")
+        named = (*op.matrices, *op.vectors)
+        if len(inputs) != len(named):
+            raise TypeError(f"{op.name} takes x and {len(named)} more input(s) ({', '.join(named) or 'none'}), "
+                            f"got {len(inputs)}")
         unknown = set(scalars) - {name for name, _ in op.scalars}
         if unknown:
             raise TypeError(f"{op.name} has no argument {sorted(unknown)[0]!r}")
@@ -128,10 +131,11 @@ class OpKernels:
         rows = math.prod(xv.shape[:-1])
         kernel, entry, params = self._kernel(xv.dtype, xv.device, max(rows, 1), max(cols, 1))
         vector_views = []
-        for name, v in zip(op.vectors, vectors):
+        for name, v in zip(named, inputs):
             vv = arrays.view(v, name)
-            if vv.shape != (cols,) or vv.dtype != xv.dtype:
-                raise ValueError(f"{name}: expected shape ({cols},) and dtype {xv.dtype}, got {vv.shape} {vv.dtype}")
+            shape = tuple(xv.shape) if name in op.matrices else (cols,)
+            if vv.shape != shape or vv.dtype != xv.dtype:
+                raise ValueError(f"{name}: expected shape {shape} and dtype {xv.dtype}, got {vv.shape} {vv.dtype}")
             vector_views.append(vv)
         out_shape = tuple(xv.shape) if op.output == "matrix" else tuple(xv.shape[:-1])
         if out is None:
@@ -144,7 +148,7 @@ class OpKernels:
         if rows >= 2**31 or cols >= 2**31:
             raise ValueError(f"x: rows and cols must each be below 2**31, got {rows} x {cols}")
         values = {"x": (xv.ptr, "ptr"), "y": (ov.ptr, "ptr"), "rows": (rows, "int"), "cols": (cols, "int")}
-        values.update({name: (vv.ptr, "ptr") for name, vv in zip(op.vectors, vector_views)})
+        values.update({name: (vv.ptr, "ptr") for name, vv in zip(named, vector_views)})
         values.update({name: (float(scalars.get(name, default)), "float") for name, default in op.scalars})
         grid, block = codegen.launch_geometry(params, rows)
         kernel.launch(grid, block, [values[n] for n in entry["arguments"]],

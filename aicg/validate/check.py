@@ -43,6 +43,8 @@ def draw(op: Operator, dtype: DType, rows: int, cols: int, trial: int, rng) -> d
     """Stored (device-format) inputs; odd trials are shifted and scaled."""
     scale, shift = (1.0, 0.0) if trial % 2 == 0 else (4.0, 3.0)
     arrays = {"x": rng.standard_normal((rows, cols), dtype=np.float32) * scale + shift}
+    for name in op.matrices:
+        arrays[name] = rng.standard_normal((rows, cols), dtype=np.float32) * scale
     if "w" in op.vectors:
         arrays["w"] = rng.uniform(0.5, 1.5, cols).astype(np.float32)
     if "b" in op.vectors:
@@ -56,8 +58,8 @@ class Buffers:
     def __init__(self, op: Operator, dtype: DType, rows: int, cols: int):
         self.op, self.dtype, self.rows, self.cols = op, dtype, rows, cols
         self.out_count = int(np.prod(op.output_shape(rows, cols)))
-        self.buffers = {"x": driver.Buffer(rows * cols * dtype.size),
-                        "y": driver.Buffer(self.out_count * dtype.size)}
+        self.buffers = {name: driver.Buffer(rows * cols * dtype.size) for name in ("x", *op.matrices)}
+        self.buffers["y"] = driver.Buffer(self.out_count * dtype.size)
         for name in op.vectors:
             self.buffers[name] = driver.Buffer(cols * dtype.size)
 
@@ -71,7 +73,8 @@ class Buffers:
         if rows <= 0:   # the second half of a one-row split: nothing to launch (a grid of no blocks is an error)
             return
         out_row = self.out_count // self.rows * self.dtype.size
-        offsets = {"x": first_row * self.cols * self.dtype.size, "y": first_row * out_row}
+        offsets = {name: first_row * self.cols * self.dtype.size for name in ("x", *self.op.matrices)}
+        offsets["y"] = first_row * out_row
         values = {"rows": (rows, "int"), "cols": (self.cols, "int")}
         values.update({name: (value, "float") for name, value in self.op.scalars})
         args = [values[n] if n in values else (self.buffers[n].ptr + offsets.get(n, 0), "ptr")

@@ -1,0 +1,79 @@
+// Fused chains over rows: x and a residual r of the same shape read
+// together, per-column vectors beside them, one output written once.
+// Template parameters as in softmax.cuh (FAST_EXP and CACHE unused).
+#pragma once
+#include "reduce.cuh"
+#include "row_access.cuh"
+
+namespace aicg {
+
+// f(x_j, r_j) for the lane's elements of two rows, in increasing order.
+template <int V, typename T, typename F>
+__device__ __forceinline__ void for_each_pair(const T* __restrict__ x, const T* __restrict__ r, int cols,
+                                              int lane, int lanes, bool vectorised, F&& f) {
+  if (V > 1 && vectorised) {
+    for (int i = lane; i < cols / V; i += lanes) {
+      const Pack<T, V> px = load_pack<V>(x + (long long)i * V), pr = load_pack<V>(r + (long long)i * V);
+#pragma unroll
+      for (int k = 0; k < V; ++k) f(to_float(px.v[k]), to_float(pr.v[k]));
+    }
+  } else {
+    for (int j = lane; j < cols; j += lanes) f(to_float(x[j]), to_float(r[j]));
+  }
+}
+
+// y_j = g(x_j, r_j, c_j) for the lane's elements; c is a per-column vector.
+template <int V, typename T, typename G>
+__device__ __forceinline__ void map_pair(const T* __restrict__ x, const T* __restrict__ r, const T* __restrict__ c,
+                                         T* __restrict__ y, int cols, int lane, int lanes, bool vectorised, G&& g) {
+  if (V > 1 && vectorised) {
+    for (int i = lane; i < cols / V; i += lanes) {
+      const long long at = (long long)i * V;
+      const Pack<T, V> px = load_pack<V>(x + at), pr = load_pack<V>(r + at), pc = load_pack<V>(c + at);
+      Pack<T, V> py;
+#pragma unroll
+      for (int k = 0; k < V; ++k) py.v[k] = from_float<T>(g(to_float(px.v[k]), to_float(pr.v[k]), to_float(pc.v[k])));
+      store_pack<V>(y + at, py);
+    }
+  } else {
+    for (int j = lane; j < cols; j += lanes) y[j] = from_float<T>(g(to_float(x[j]), to_float(r[j]), to_float(c[j])));
+  }
+}
+
+// y = gelu(x + b) + r, gelu(z) = z (1 + erf(z / sqrt 2)) / 2
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void bias_gelu_residual(const T* __restrict__ x, const T* __restrict__ r,
+                                                   const T* __restrict__ b, T* __restrict__ y, int rows, int cols) {
+  using G = RowGroup<THREADS, TOPOLOGY>;
+  const long long row = G::row();
+  if (row >= rows) return;
+  const long long at = row * cols;
+  map_pair<VEC>(x + at, r + at, b, y + at, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, r, b, y),
+                [](float xj, float rj, float bj) {
+    const float z = xj + bj;
+    return 0.5f * z * (1.0f + erff(z * 0.707106781186547524f)) + rj;
+  });
+}
+
+// y = h / sqrt(mean(h^2) + eps) * w with h = x + r, recomputed in the second sweep
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const T* __restrict__ r,
+                                                 const T* __restrict__ w, T* __restrict__ y, int rows, int cols,
+                                                 float eps) {
+  using G = RowGroup<THREADS, TOPOLOGY>;
+  const long long row = G::row();
+  if (row >= rows) return;
+  const long long at = row * cols;
+  const bool vec = rows_vectorisable<VEC>(cols, x, r, w, y);
+  float ss = 0.0f;
+  for_each_pair<VEC>(x + at, r + at, cols, G::lane(), G::lanes, vec, [&](float xj, float rj) {
+    const float h = xj + rj;
+    ss += h * h;
+  });
+  ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
+  const float scale = 1.0f / sqrtf(ss / cols + eps);
+  map_pair<VEC>(x + at, r + at, w, y + at, cols, G::lane(), G::lanes, vec,
+                [&](float xj, float rj, float wj) { return (xj + rj) * scale * wj; });
+}
+
+}  // namespace aicg

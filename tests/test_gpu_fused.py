@@ -1,0 +1,53 @@
+"""GPU test: the fused chains built, validated on the device and called from PyTorch
+match float64 over awkward shapes, in every dtype.
+
+Skipped without an H200 (the hwdb target); run on the device with `pytest -m gpu`.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aicg.runtime import driver
+from doit_project import doit, make_project, profile_text
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    driver.probe_device() is None or driver.probe_device().name != "NVIDIA H200", reason="needs an NVIDIA H200")]
+
+DTYPES = ("float32", "bfloat16", "float16")
+TOLERANCE = {"float32": (1e-5, 1e-7), "bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}
+PROFILE = profile_text(ops=("bias_gelu_residual", "residual_rmsnorm"), dtypes=DTYPES, shapes=((512, 4096),),
+                       per_family=2, extra="[validation]\ntiming_repetitions = 3\n")
+
+
+@pytest.fixture(scope="module")
+def instance(tmp_path_factory):
+    import aicg
+    project = make_project(tmp_path_factory.mktemp("gpu_fused"), PROFILE)
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    assert run.code == 0, run.output
+    return aicg.load(project / "build/small")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(512, 4096), (3, 1), (37, 1000), (1, 65536), (3001, 33)])
+def test_fused_chains_match_float64(instance, dtype, shape):
+    torch = pytest.importorskip("torch")
+    t = getattr(torch, dtype)
+    rtol, atol = TOLERANCE[dtype]
+    x, r = (torch.randn(shape, device="cuda") * 2).to(t), (torch.randn(shape, device="cuda") * 2).to(t)
+    b, w = torch.randn(shape[-1], device="cuda").to(t), torch.rand(shape[-1], device="cuda").add(0.5).to(t)
+    xd, rd, bd, wd = x.double(), r.double(), b.double(), w.double()
+
+    y = torch.full_like(x, math.nan)
+    instance.bias_gelu_residual(x, r, b, out=y)
+    z = xd + bd
+    g = z * (1 + torch.erf(z / math.sqrt(2))) / 2
+    assert ((y.double() - (g + rd)).abs() <= atol + rtol * (g.abs() + rd.abs() + xd.abs() + bd.abs())).all()
+
+    y = torch.full_like(x, math.nan)
+    instance.residual_rmsnorm(x, r, w, out=y)
+    h = xd + rd
+    inv = torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-5)
+    assert ((y.double() - h * inv * wd).abs() <= atol + rtol * (xd.abs() + rd.abs()) * inv * wd.abs()).all()
