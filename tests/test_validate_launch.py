@@ -12,22 +12,25 @@ PARAMS = {"threads": 128, "vec_bytes": 16, "topology": "warp", "fast_exp": False
 
 
 class StandInBuffer:
+    allocated = 0
+
     def __init__(self, nbytes):
-        self.ptr = 0x1000_0000 + nbytes   # distinct, and never dereferenced
+        StandInBuffer.allocated += 1
+        self.ptr = StandInBuffer.allocated << 32   # distinct, and never dereferenced
 
 
 class RecordingKernel:
-    def __init__(self):
-        self.launches = []
+    def __init__(self, op: str = "rmsnorm"):
+        self.names, self.launches = OPERATORS[op].argument_names(), []
 
     def launch(self, grid, block, args, stream=0, shared_bytes=0):
-        self.launches.append((grid, block, dict(zip(OPERATORS["rmsnorm"].argument_names(), args))))
+        self.launches.append((grid, block, dict(zip(self.names, args))))
 
 
 @pytest.fixture
 def buffers(monkeypatch):
     monkeypatch.setattr(check.driver, "Buffer", StandInBuffer)
-    return lambda rows, cols: check.Buffers(OPERATORS["rmsnorm"], DTYPES["float32"], rows, cols)
+    return lambda rows, cols, op="rmsnorm": check.Buffers(OPERATORS[op], DTYPES["float32"], rows, cols)
 
 
 def test_a_split_launch_covers_each_row_once_from_its_own_offset(buffers):
@@ -47,3 +50,12 @@ def test_the_empty_half_of_a_one_row_split_launches_nothing(buffers):
     b.launch(kernel, PARAMS, 0, (1 + 1) // 2)
     b.launch(kernel, PARAMS, (1 + 1) // 2)
     assert len(kernel.launches) == 1 and kernel.launches[0][2]["rows"][0] == 1
+
+
+def test_a_residual_is_offset_like_x(buffers):
+    b, kernel = buffers(10, 7, "residual_rmsnorm"), RecordingKernel("residual_rmsnorm")
+    b.launch(kernel, PARAMS, 0, 4)
+    b.launch(kernel, PARAMS, 4)
+    (_, _, a1), (_, _, a2) = kernel.launches
+    assert a2["r"][0] - a1["r"][0] == a2["x"][0] - a1["x"][0] == 4 * 7 * 4
+    assert a1["r"][0] != a1["x"][0] and a2["w"] == a1["w"]
