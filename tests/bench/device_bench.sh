@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call on a GPU node: build an instance (validating and timing its
-# candidates), then benchmark it against its peers (tests/bench/test_memory_bound.py).
-#   PROFILE=rulesets/profiles/default.toml  GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300
+# One call on a GPU node: build instances (validating and timing their
+# candidates), then benchmark them against their peers (tests/bench/test_memory_bound.py).
+#   PROFILES="rulesets/profiles/default.toml rulesets/profiles/fused.toml"
+#   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300
 # Results go to $OUT (or ./device-out); carried wheels in .whl/ are installed first.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
@@ -9,14 +10,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
-PROFILE=${PROFILE:-rulesets/profiles/default.toml}
+PROFILES=${PROFILES:-rulesets/profiles/default.toml}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$OUT/gpu.txt"
-timeout "${BUILD_SECONDS:-400}" python3 -m doit build profile="$PROFILE" 2>&1 | tee "$OUT/build.log" | tail -25
-instance=$(python3 -c "import sys, tomllib; print('build/' + tomllib.load(open(sys.argv[1], 'rb'))['instance']['name'])" "$PROFILE")
-cp "$instance/manifest.json" "$instance/report.md" "$OUT/" 2>/dev/null
-tar czf "$OUT/instance.tgz" "$instance"
-bench() {   # bench SUITE SECONDS: interrupted (not killed) at the limit, so the table of what ran is still written
+instances=()
+for profile in $PROFILES; do
+  name=$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['instance']['name'])" "$profile")
+  timeout "${BUILD_SECONDS:-400}" python3 -m doit build profile="$profile" 2>&1 | tee "$OUT/build-$name.log" | tail -25
+  cp "build/$name/manifest.json" "$OUT/manifest-$name.json" 2>/dev/null
+  instances+=("build/$name")
+done
+tar czf "$OUT/instances.tgz" "${instances[@]}"
+instance=$(IFS=,; echo "${instances[*]}")
+bench() {   # bench SUITE SECONDS: stopped at the limit; the JSON holds every case finished by then
   AICG_INSTANCE=$instance AICG_BENCH_JSON="$OUT/bench-$1.json" timeout -s INT "$2" \
     python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "$1" -q -p no:cacheprovider \
     --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$OUT/bench-$1.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60

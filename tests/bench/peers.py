@@ -16,7 +16,9 @@ import triton
 import triton.language as tl
 
 EPS = 1e-5
-VECTORS = {"softmax": 0, "row_sum": 0, "row_max": 0, "rmsnorm": 1, "layernorm": 2}
+# The inputs after x, in call order: "matrix" (shaped like x) or "vector" (one value per column).
+INPUTS = {"softmax": (), "row_sum": (), "row_max": (), "rmsnorm": ("vector",), "layernorm": ("vector", "vector"),
+          "bias_gelu_residual": ("matrix", "vector"), "residual_rmsnorm": ("matrix", "vector")}
 ROW_OUTPUT = {"row_sum", "row_max"}
 
 EAGER = {
@@ -25,13 +27,15 @@ EAGER = {
     "row_max": lambda x: x.amax(-1),
     "rmsnorm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
     "layernorm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, EPS),
+    "bias_gelu_residual": lambda x, r, b: F.gelu(x + b) + r,
+    "residual_rmsnorm": lambda x, r, w: F.rms_norm(x + r, (x.shape[-1],), w, EPS),
 }
 
 
-def reference(op: str, x, *vectors):
+def reference(op: str, x, *inputs):
     """(float64 result, error scale) on the given (already rounded) inputs, as aicg/ops.py defines them."""
     x = x.double()
-    vectors = [v.double() for v in vectors]
+    inputs = [v.double() for v in inputs]
     if op == "softmax":
         y = torch.softmax(x, -1)
         return y, y.abs()
@@ -41,11 +45,20 @@ def reference(op: str, x, *vectors):
         y = x.amax(-1)
         return y, y.abs()
     if op == "rmsnorm":
-        y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * vectors[0]
+        y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * inputs[0]
         return y, y.abs()
+    if op == "bias_gelu_residual":
+        r, b = inputs
+        z = x + b
+        g = z * (1 + torch.erf(z / 2 ** 0.5)) / 2
+        return g + r, g.abs() + r.abs() + x.abs() + b.abs()
+    if op == "residual_rmsnorm":
+        r, w = inputs
+        inv = torch.rsqrt(((x + r) ** 2).mean(-1, keepdim=True) + EPS)
+        return (x + r) * inv * w, (x.abs() + r.abs()) * inv * w.abs()
     mu = x.mean(-1, keepdim=True)
     r = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + EPS)
-    w, b = vectors
+    w, b = inputs
     return (x - mu) * r * w + b, (x.abs() + mu.abs()) * r * w.abs() + b.abs()
 
 
@@ -100,18 +113,44 @@ def _layernorm(x_ptr, w_ptr, b_ptr, y_ptr, cols, eps, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * cols + offs, (d * r * w + b).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_TRITON = {"softmax": _softmax, "row_sum": _row_sum, "row_max": _row_max, "rmsnorm": _rmsnorm, "layernorm": _layernorm}
+@triton.jit
+def _bias_gelu_residual(x_ptr, r_ptr, b_ptr, y_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < cols
+    x = tl.load(x_ptr + row * cols + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * cols + offs, mask=mask, other=0.0).to(tl.float32)
+    z = x + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = 0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476)) + r
+    tl.store(y_ptr + row * cols + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _residual_rmsnorm(x_ptr, r_ptr, w_ptr, y_ptr, cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < cols
+    h = (tl.load(x_ptr + row * cols + offs, mask=mask, other=0.0).to(tl.float32)
+         + tl.load(r_ptr + row * cols + offs, mask=mask, other=0.0).to(tl.float32))
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(h * h, 0) / cols + eps)
+    tl.store(y_ptr + row * cols + offs, (h * inv * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_TRITON = {"softmax": _softmax, "row_sum": _row_sum, "row_max": _row_max, "rmsnorm": _rmsnorm, "layernorm": _layernorm,
+           "bias_gelu_residual": _bias_gelu_residual, "residual_rmsnorm": _residual_rmsnorm}
+_HAS_EPS = {"rmsnorm", "layernorm", "residual_rmsnorm"}
 
 
 def triton_call(op: str, num_warps: int):
     """The hand-written Triton kernel for `op` at `num_warps`, called like EAGER[op]."""
     kernel = _TRITON[op]
 
-    def call(x, *vectors):
+    def call(x, *inputs):
         rows, cols = x.shape
         y = x.new_empty((rows,) if op in ROW_OUTPUT else (rows, cols))
-        scalars = (EPS,) if vectors else ()
-        kernel[(rows,)](x, *vectors, y, cols, *scalars, BLOCK=triton.next_power_of_2(cols), num_warps=num_warps)
+        scalars = (EPS,) if op in _HAS_EPS else ()
+        kernel[(rows,)](x, *inputs, y, cols, *scalars, BLOCK=triton.next_power_of_2(cols), num_warps=num_warps)
         return y
     return call
 

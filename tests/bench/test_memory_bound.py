@@ -1,7 +1,10 @@
 """aicg's memory-bound kernels against their peers, on the GPU.
 
-    AICG_INSTANCE=build/h200-tolerance AICG_BENCH_JSON=bench.json \\
+    AICG_INSTANCE=build/h200-tolerance,build/h200-fused AICG_BENCH_JSON=bench.json \\
         python -m pytest -m gpu tests/bench/test_memory_bound.py -k acceptance
+
+AICG_INSTANCE names one instance or several (comma-separated); each operator
+runs in the first that has it.
 
 pytest-benchmark is the harness; its clock is the device's: every round
 flushes the L2, queues a 0.2 ms GPU sleep (the host's launch work happens
@@ -41,14 +44,15 @@ import bench_table  # noqa: E402
 import peers  # noqa: E402
 
 DEVICE = driver.probe_device()
-INSTANCE = Path(os.environ.get("AICG_INSTANCE", "build/h200-tolerance"))
+INSTANCES = [Path(p) for p in os.environ.get("AICG_INSTANCE", "build/h200-tolerance").split(",")]
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(DEVICE is None or DEVICE.name != "NVIDIA H200", reason="needs an NVIDIA H200"),
-    pytest.mark.skipif(not (INSTANCE / "manifest.json").is_file(), reason=f"no instance at {INSTANCE}"),
+    pytest.mark.skipif(not all((p / "manifest.json").is_file() for p in INSTANCES),
+                       reason=f"no instance at one of {', '.join(map(str, INSTANCES))}"),
 ]
 
-OPS = ("softmax", "row_sum", "row_max", "rmsnorm", "layernorm")
+OPS = ("softmax", "row_sum", "row_max", "rmsnorm", "layernorm", "bias_gelu_residual", "residual_rmsnorm")
 DTYPES = ("float32", "bfloat16")
 ACCEPTANCE = ((32768, 4096), (4096, 32768))
 GRID_COLS = (1, 32, 128, 1000, 4096, 16384, 65536)
@@ -77,8 +81,8 @@ CLOCK = DeviceClock()
 
 
 @pytest.fixture(scope="module")
-def instance():
-    return aicg.load(INSTANCE)
+def instances():
+    return [aicg.load(p) for p in INSTANCES]
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +101,9 @@ def inputs_for(op: str, dtype: str, shape) -> tuple:
         torch.cuda.empty_cache()
         t = getattr(torch, dtype)
         x = torch.randn(shape, device="cuda").to(t)
-        vectors = [torch.rand(shape[-1], device="cuda").add(0.5).to(t) for _ in range(peers.VECTORS[op])]
-        _inputs[key] = (x, vectors)
+        inputs = [torch.randn(shape, device="cuda").to(t) if kind == "matrix"
+                  else torch.rand(shape[-1], device="cuda").add(0.5).to(t) for kind in peers.INPUTS[op]]
+        _inputs[key] = (x, inputs)
     return _inputs[key]
 
 
@@ -128,9 +133,9 @@ def host_seconds(fn, calls: int = 20) -> float:
     return seconds
 
 
-def within_tolerance(op, dtype, x, vectors, y, rtol, atol) -> tuple[bool, float]:
+def within_tolerance(op, dtype, x, inputs, y, rtol, atol) -> tuple[bool, float]:
     """(every element within atol + rtol * scale of the float64 result, the worst error in units of that bound)."""
-    ref, scale = peers.reference(op, x, *vectors)
+    ref, scale = peers.reference(op, x, *inputs)
     bound = atol + rtol * scale
     excess = ((y.double() - ref).abs() / bound)
     worst = float(excess.nan_to_num(nan=math.inf).max())
@@ -146,37 +151,39 @@ def moved_bytes(op, dtype, shape) -> int:
     rows, cols = shape
     size = getattr(torch, dtype).itemsize
     out = rows if op in peers.ROW_OUTPUT else rows * cols
-    return (rows * cols + out + peers.VECTORS[op] * cols) * size
+    read = sum(rows * cols if kind == "matrix" else cols for kind in peers.INPUTS[op])
+    return (rows * cols + read + out) * size
 
 
-def contender_call(instance, contender, suite, op, dtype, shape, x, vectors, flush):
+def contender_call(instance, contender, suite, op, dtype, shape, x, inputs, flush):
     if contender == "aicg":
         kernel = getattr(instance, op)
-        return lambda: kernel(x, *vectors)
+        return lambda: kernel(x, *inputs)
     if contender == "eager":
-        return lambda: peers.EAGER[op](x, *vectors)
+        return lambda: peers.EAGER[op](x, *inputs)
     if contender == "compile":
         fn = peers.compiled(op, dynamic=suite == "grid")
-        return lambda: fn(x, *vectors)
+        return lambda: fn(x, *inputs)
     if contender == "copy":
         y = torch.empty_like(x)
         return lambda: y.copy_(x)
     # triton: the best of its warp counts, each timed briefly first
     calls = [peers.triton_call(op, w) for w in peers.triton_warp_counts(shape[-1])]
     for call in calls:
-        call(x, *vectors)
-    best = min(calls, key=lambda call: sorted(device_seconds(lambda: call(x, *vectors), flush) for _ in range(5))[2])
-    return lambda: best(x, *vectors)
+        call(x, *inputs)
+    best = min(calls, key=lambda call: sorted(device_seconds(lambda: call(x, *inputs), flush) for _ in range(5))[2])
+    return lambda: best(x, *inputs)
 
 
 @pytest.mark.benchmark(timer=CLOCK, disable_gc=True, warmup=False)
 @pytest.mark.parametrize("contender", CONTENDERS)
 @pytest.mark.parametrize("suite, op, dtype, shape", CASES,
                          ids=[f"{s}-{o}-{d}-{r}x{c}" for s, o, d, (r, c) in CASES])
-def test_memory_bound(benchmark, instance, flush, suite, op, dtype, shape, contender):
-    if op not in instance.ops or dtype not in instance.ops[op].entries:
-        pytest.skip(f"the instance has no {op} kernel for {dtype}")
-    x, vectors = inputs_for(op, dtype, shape)
+def test_memory_bound(benchmark, instances, flush, suite, op, dtype, shape, contender):
+    instance = next((i for i in instances if op in i.ops and dtype in i.ops[op].entries), None)
+    if instance is None:
+        pytest.skip(f"no instance has a {op} kernel for {dtype}")
+    x, inputs = inputs_for(op, dtype, shape)
     record = RESULTS.setdefault((suite, op, dtype, shape), {"bytes": moved_bytes(op, dtype, shape)})
     if contender in ("aicg", "triton"):
         # Validated in this run, before timing: a fresh input, a poisoned output.
@@ -184,15 +191,15 @@ def test_memory_bound(benchmark, instance, flush, suite, op, dtype, shape, conte
         if contender == "aicg":
             out = torch.full((shape[0],) if op in peers.ROW_OUTPUT else shape, math.nan, device="cuda",
                              dtype=fresh.dtype)
-            getattr(instance, op)(fresh, *vectors, out=out)
+            getattr(instance, op)(fresh, *inputs, out=out)
         else:
-            out = peers.triton_call(op, peers.triton_warp_counts(shape[-1])[0])(fresh, *vectors)
+            out = peers.triton_call(op, peers.triton_warp_counts(shape[-1])[0])(fresh, *inputs)
         rtol, atol = tolerance(instance, dtype)
-        ok, worst = within_tolerance(op, dtype, fresh, vectors, out, rtol, atol)
+        ok, worst = within_tolerance(op, dtype, fresh, inputs, out, rtol, atol)
         record[f"{contender}_validation"] = {"passed": ok, "worst_error_in_bounds": worst}
         if contender == "aicg":
             assert ok, f"aicg {op} {dtype} {shape}: error {worst:.3g} times the tolerance"
-    fn = contender_call(instance, contender, suite, op, dtype, shape, x, vectors, flush)
+    fn = contender_call(instance, contender, suite, op, dtype, shape, x, inputs, flush)
     for _ in range(WARMUP):
         fn()
 
