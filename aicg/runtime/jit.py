@@ -59,7 +59,7 @@ def rows_class(rows: int) -> int:
 @dataclass
 class Jit:
     instance_dir: Path
-    packaged: dict[str, dict]          # candidate id -> {"cubin": path, "params": ...} the instance carries
+    packaged: dict[str, dict]          # candidate id -> its dispatch entry (cubin path, digest, params)
     events: list[dict] = field(default_factory=list)
     _planning: planning.Planning | None = None
 
@@ -84,8 +84,9 @@ class Jit:
         return self._planning
 
     def kernel_for(self, op: str, dtype: str, rows: int, cols: int, validate=None) -> JitKernel:
-        """The kernel for a new shape. `validate(cubin, params) -> status` runs where a device is
-        (None: leave a compiled kernel unvalidated)."""
+        """The kernel for a new shape. `validate(cubin, params, shape) -> status` runs where a device
+        is (None: leave a compiled kernel unvalidated); a kernel is validated once per GPU, on the
+        build's awkward shapes and the first shape that needed it."""
         shape = (rows_class(rows), cols)
         planned = self.planning()
         tried = []
