@@ -52,6 +52,7 @@ class OpKernels:
 
     def __init__(self, instance: "Instance", op: str, entries: dict[str, dict]):
         self.instance, self.op, self.entries = instance, OPERATORS[op], entries
+        self.inputs = (*self.op.matrices, *self.op.vectors)   # named inputs after x, in call order
         self._loaded: dict[tuple[str, int], driver.Kernel] = {}
         self._by_shape: dict[tuple, tuple[driver.Kernel, dict, dict]] = {}
         self.chosen: dict[tuple, str] = {}   # (dtype, rows, cols) -> the candidate that ran there
@@ -116,8 +117,7 @@ class OpKernels:
 
     def __call__(self, x, *inputs, out=None, stream=None, **scalars):
         """x, then the operator's further matrices (shaped like x), then its per-column vectors."""
-        op = self.op
-        named = (*op.matrices, *op.vectors)
+        op, named = self.op, self.inputs
         if len(inputs) != len(named):
             raise TypeError(f"{op.name} takes x and {len(named)} more input(s) ({', '.join(named) or 'none'}), "
                             f"got {len(inputs)}")
