@@ -32,6 +32,7 @@ PLAN_INPUTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_b
 BASE_REGISTERS = 32             # a family's registers before it holds any of the row
 SECTOR_BYTES = 32              # the unit a DRAM or L2 access moves
 REGISTER_MARGIN = 16            # room for the sweeps' temporaries beside a held row
+MAX_THREAD_REGISTERS = 255      # what one thread can address
 
 _WHEN = {
     "wider_than_element": lambda value, dtype: value > dtype.size,
@@ -133,9 +134,13 @@ def runnable_params(family: Family, dtype_name: str, hw: dict):
             continue
         if p["vec_bytes"] < dtype.size or p["vec_bytes"] % dtype.size:
             continue
-        # a held row must leave every thread of a full block its registers
+        # A held row and the sweeps' temporaries must fit in one thread's share
+        # of the registers at a full block (the kernel's launch bound caps it
+        # there); whether the rest fits too is ptxas's call: a kernel that
+        # spills is rejected when it is compiled.
         held = p["cache_packs"] * (p["vec_bytes"] // dtype.size)
-        if (BASE_REGISTERS + REGISTER_MARGIN + held) * p["threads"] > hw["registers_per_sm"]:
+        share = min(MAX_THREAD_REGISTERS, hw["registers_per_sm"] // p["threads"])
+        if held + REGISTER_MARGIN > share:
             continue
         yield p
 

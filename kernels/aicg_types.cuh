@@ -47,4 +47,33 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& pack) {
 template <bool FAST>
 __device__ __forceinline__ float exp_(float x) { return FAST ? __expf(x) : expf(x); }
 
+// Two floats rounded to 16-bit types in one instruction, lo in the lower half
+// (the lower address). The paired form gives the bits of two single
+// conversions: each half is rounded on its own.
+__device__ __forceinline__ unsigned round_pair(float lo, float hi, bf16) {
+  unsigned out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+__device__ __forceinline__ unsigned round_pair(float lo, float hi, f16) {
+  unsigned out;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+
+// V floats rounded into a pack, two at a time for 16-bit types.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> pack_floats(const float (&f)[V]) {
+  Pack<T, V> p;
+  if constexpr (sizeof(T) == 2 && V % 2 == 0) {
+    unsigned* pairs = reinterpret_cast<unsigned*>(&p);
+#pragma unroll
+    for (int k = 0; k < V; k += 2) pairs[k / 2] = round_pair(f[k], f[k + 1], T{});
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) p.v[k] = from_float<T>(f[k]);
+  }
+  return p;
+}
+
 }  // namespace aicg

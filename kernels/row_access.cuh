@@ -20,8 +20,24 @@ __device__ __forceinline__ bool rows_vectorisable(int cols, const T* a, const T*
 // Loads issued before the first of them is used: enough bytes in flight per
 // thread to cover DRAM latency at the occupancies the planner picks. Each
 // lane still meets its elements in increasing order, so results do not
-// depend on UNROLL.
+// depend on UNROLL. (Issuing the next group's loads before consuming this
+// one's doubles the registers a stream holds: most kernels that hold a row
+// of 32768 elements then spill.)
 constexpr int UNROLL = 4;
+
+// consume(group, i) for the lane's whole groups of packs (pack i + u * lanes
+// in group[u]), in order; returns the first pack left to a tail loop.
+template <int V, typename T, typename C>
+__device__ __forceinline__ int each_group(const T* __restrict__ row, int packs, int lane, int lanes, C&& consume) {
+  int i = lane;
+  for (; i + (UNROLL - 1) * lanes < packs; i += UNROLL * lanes) {
+    Pack<T, V> p[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) p[u] = load_pack<V>(row + (long long)(i + u * lanes) * V);
+    consume(p, i);
+  }
+  return i;
+}
 
 // f(j, x_j) for every element j of the row that this lane owns.
 template <int V, typename T, typename F>
@@ -29,16 +45,12 @@ __device__ __forceinline__ void for_each(const T* __restrict__ row, int cols, in
                                          bool vectorised, F&& f) {
   if (V > 1 && vectorised) {
     const int packs = cols / V;
-    int i = lane;
-    for (; i + (UNROLL - 1) * lanes < packs; i += UNROLL * lanes) {
-      Pack<T, V> p[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) p[u] = load_pack<V>(row + (long long)(i + u * lanes) * V);
+    int i = each_group<V>(row, packs, lane, lanes, [&](const Pack<T, V> (&p)[UNROLL], int first) {
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-        for (int k = 0; k < V; ++k) f((i + u * lanes) * V + k, to_float(p[u].v[k]));
-    }
+        for (int k = 0; k < V; ++k) f((first + u * lanes) * V + k, to_float(p[u].v[k]));
+    });
     for (; i < packs; i += lanes) {
       const Pack<T, V> p = load_pack<V>(row + (long long)i * V);
 #pragma unroll
@@ -57,21 +69,29 @@ __device__ __forceinline__ void for_each(const T* __restrict__ row, int cols, in
   }
 }
 
-// y_j = g(j, x_j, w_j, b_j) for the elements of pack i; w and b may be null
-// (per-column vectors), in which case g sees 1 and 0.
+// y_j = g(j, x_j, w_j, b_j) for the V elements from `at`, x_j given as floats;
+// w and b may be null (per-column vectors), in which case g sees 1 and 0.
+template <int V, typename T, typename G>
+__device__ __forceinline__ Pack<T, V> map_floats(const float (&x)[V], const T* __restrict__ w,
+                                                 const T* __restrict__ b, long long at, G& g) {
+  Pack<T, V> pw, pb;
+  if (w) pw = load_pack<V>(w + at);
+  if (b) pb = load_pack<V>(b + at);
+  float y[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    y[k] = g((int)at + k, x[k], w ? to_float(pw.v[k]) : 1.0f, b ? to_float(pb.v[k]) : 0.0f);
+  }
+  return pack_floats<T, V>(y);
+}
+
 template <int V, typename T, typename G>
 __device__ __forceinline__ Pack<T, V> map_pack(const Pack<T, V>& px, const T* __restrict__ w,
                                                const T* __restrict__ b, long long at, G& g) {
-  Pack<T, V> pw, pb, py;
-  if (w) pw = load_pack<V>(w + at);
-  if (b) pb = load_pack<V>(b + at);
+  float x[V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const float wk = w ? to_float(pw.v[k]) : 1.0f;
-    const float bk = b ? to_float(pb.v[k]) : 0.0f;
-    py.v[k] = from_float<T>(g((int)at + k, to_float(px.v[k]), wk, bk));
-  }
-  return py;
+  for (int k = 0; k < V; ++k) x[k] = to_float(px.v[k]);
+  return map_floats<V>(x, w, b, at, g);
 }
 
 // y_j = g(j, x_j, w_j, b_j) for the lane's elements of the row.
@@ -81,17 +101,13 @@ __device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __rest
                                         int lane, int lanes, bool vectorised, G&& g) {
   if (V > 1 && vectorised) {
     const int packs = cols / V;
-    int i = lane;
-    for (; i + (UNROLL - 1) * lanes < packs; i += UNROLL * lanes) {
-      Pack<T, V> px[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) px[u] = load_pack<V>(x + (long long)(i + u * lanes) * V);
+    int i = each_group<V>(x, packs, lane, lanes, [&](const Pack<T, V> (&px)[UNROLL], int first) {
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        const long long at = (long long)(i + u * lanes) * V;
+        const long long at = (long long)(first + u * lanes) * V;
         store_pack<V>(y + at, map_pack<V>(px[u], w, b, at, g));
       }
-    }
+    });
     for (; i < packs; i += lanes) {
       const long long at = (long long)i * V;
       store_pack<V>(y + at, map_pack<V>(load_pack<V>(x + at), w, b, at, g));
@@ -135,24 +151,26 @@ struct RowStream {
 // Slots hold whole packs when V > 1 (rows that allow packs) and strided
 // single elements when V == 1; the choice is a template parameter so that
 // every slot index is a compile-time constant and the row stays in registers.
-// A lane's slots fill in order: it holds its first `held` packs, and each
+// A lane's slots fill in order: it holds its first `held` packs. FULL: every
+// lane of the row group holds all CACHE packs (a row of exactly
+// lanes * V * CACHE elements), so no slot is tested at all; otherwise each
 // loop tests one pack count, not every element's index.
-template <int V, int CACHE, typename T>
+template <int V, int CACHE, typename T, bool FULL>
 struct RowCache {
   static constexpr bool in_registers = true;
   static constexpr int SLOTS = CACHE * V;
-  static constexpr bool packed = V > 1;
   float v[SLOTS];
   int cols, lane, lanes, held;
 
   // The first element of slot group u (a pack, or one element when V == 1).
   __device__ __forceinline__ int start(int u) const { return (lane + u * lanes) * V; }
+  __device__ __forceinline__ bool holds(int u) const { return FULL || u < held; }
 
   __device__ __forceinline__ RowCache(const T* row, int cols_, int lane_, int lanes_)
       : cols(cols_), lane(lane_), lanes(lanes_), held((cols_ / V - lane_ + lanes_ - 1) / lanes_) {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
-      if (u >= held) continue;
+      if (!holds(u)) continue;
       const Pack<T, V> p = load_pack<V>(row + start(u));
 #pragma unroll
       for (int k = 0; k < V; ++k) v[u * V + k] = to_float(p.v[k]);
@@ -163,7 +181,7 @@ struct RowCache {
   __device__ __forceinline__ void each(F&& f) const {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
-      if (u >= held) continue;
+      if (!holds(u)) continue;
 #pragma unroll
       for (int k = 0; k < V; ++k) f(start(u) + k, v[u * V + k]);
     }
@@ -174,7 +192,7 @@ struct RowCache {
   __device__ __forceinline__ void update(F&& f) {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
-      if (u >= held) continue;
+      if (!holds(u)) continue;
 #pragma unroll
       for (int k = 0; k < V; ++k) v[u * V + k] = f(start(u) + k, v[u * V + k]);
     }
@@ -184,17 +202,9 @@ struct RowCache {
   __device__ __forceinline__ void store(const T* w, const T* b, T* y, G&& g) const {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
-      if (u >= held) continue;
+      if (!holds(u)) continue;
       const int at = start(u);
-      Pack<T, V> pw, pb, py;
-      if (w) pw = load_pack<V>(w + at);
-      if (b) pb = load_pack<V>(b + at);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        py.v[k] = from_float<T>(g(at + k, v[u * V + k], w ? to_float(pw.v[k]) : 1.0f,
-                                  b ? to_float(pb.v[k]) : 0.0f));
-      }
-      store_pack<V>(y + at, py);
+      store_pack<V>(y + at, map_floats<V>(reinterpret_cast<const float(&)[V]>(v[u * V]), w, b, at, g));
     }
   }
 };
@@ -211,10 +221,15 @@ __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int l
   if constexpr (CACHE > 0) {
     if (cols <= lanes * V * CACHE) {
       if (V > 1 && vectorised) {
-        RowCache<V, CACHE, T> cached(row, cols, lane, lanes);
-        body(cached);
+        if (cols == lanes * V * CACHE) {
+          RowCache<V, CACHE, T, true> cached(row, cols, lane, lanes);
+          body(cached);
+        } else {
+          RowCache<V, CACHE, T, false> cached(row, cols, lane, lanes);
+          body(cached);
+        }
       } else {
-        RowCache<1, CACHE * V, T> cached(row, cols, lane, lanes);
+        RowCache<1, CACHE * V, T, false> cached(row, cols, lane, lanes);
         body(cached);
       }
       return;
