@@ -96,7 +96,7 @@ def test_validation_runs_once_per_gpu_and_a_failed_kernel_is_passed_over(instanc
 
     def failing_first(cubin, params, shape):
         calls.append(shape)
-        return "failed" if len(calls) == 1 else "passed"
+        return {"status": "failed" if len(calls) == 1 else "passed", "reason": ""}
 
     made = jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=failing_first)
     ranked = jit.planning().best_for_shape("softmax", "float32", (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1]))
@@ -120,7 +120,7 @@ def test_an_unvalidated_outcome_is_not_kept(instance_dir, tmp_path):
 
     def elsewhere(cubin, params, shape):
         calls.append(shape)
-        return "unvalidated"
+        return {"status": "unvalidated", "reason": "no GPU on this machine"}
 
     made = fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE, validate=elsewhere)
     assert made.validation == "unvalidated"

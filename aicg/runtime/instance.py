@@ -109,10 +109,10 @@ class OpKernels:
         from .. import validate
         planned = self.instance.jit.planning()
 
-        def run(cubin: bytes, params: dict, shape) -> str:
+        def run(cubin: bytes, params: dict, shape) -> dict:
             settings = validate.settings(planned.prof, dtype, (), (shape,))
-            return validate.validate_on_device(cubin, planned.hardware, self.op.name, dtype, params,
-                                               **settings)["status"]
+            report = validate.validate_on_device(cubin, planned.hardware, self.op.name, dtype, params, **settings)
+            return {"status": report["status"], "reason": validate.why_failed(report)}
         return run
 
     def __call__(self, x, *inputs, out=None, stream=None, **scalars):

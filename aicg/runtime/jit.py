@@ -84,8 +84,8 @@ class Jit:
         return self._planning
 
     def kernel_for(self, op: str, dtype: str, rows: int, cols: int, validate=None) -> JitKernel:
-        """The kernel for a new shape. `validate(cubin, params, shape) -> status` runs where a device
-        is (None: leave a compiled kernel unvalidated); a kernel is validated once per GPU, on the
+        """The kernel for a new shape. `validate(cubin, params, shape) -> {"status", "reason"}` runs
+        where a device is (None: leave a compiled kernel unvalidated); a kernel is validated once per GPU, on the
         build's awkward shapes and the first shape that needed it."""
         shape = (rows_class(rows), cols)
         planned = self.planning()
@@ -105,14 +105,16 @@ class Jit:
             status = meta["validation"].get(planned.hardware.name)
             if status is None and validate is not None:
                 began = time.perf_counter()
-                status = validate(cubin, cand.params, (min(rows, VALIDATION_ROWS), cols))
+                report = validate(cubin, cand.params, (min(rows, VALIDATION_ROWS), cols))
+                status = report["status"]
                 if status in ("passed", "failed"):    # "unvalidated" (not the target GPU) is no outcome to keep
                     meta["validation"][planned.hardware.name] = status
                     self._write_meta(meta)
                 self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "candidate": cand.id,
-                                    "validated": status, "seconds": time.perf_counter() - began})
-                log.info("aicg: validated %s for %dx%d: %s in %.2f s", cand.id, rows, cols, status,
-                         self.events[-1]["seconds"])
+                                    "validated": status, "seconds": time.perf_counter() - began,
+                                    **({"reason": report["reason"]} if report.get("reason") else {})})
+                log.info("aicg: validated %s for %dx%d: %s in %.2f s%s", cand.id, rows, cols, status,
+                         self.events[-1]["seconds"], f" ({report['reason']})" if report.get("reason") else "")
             if status == "failed":
                 tried.append(cand.id)
                 continue

@@ -46,3 +46,21 @@ def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, pa
                      check_shapes=check_shapes, timed_shapes=timed_shapes, trials=trials,
                      repetitions=repetitions, device=dev,
                      peak_bytes_per_second=hardware.fact("dram_bandwidth"))
+
+
+def why_failed(report: dict) -> str:
+    """What a failed validation report found first, in a line ("" for a pass or no verdict)."""
+    if report["status"] != "failed":
+        return report.get("reason", "") if report["status"] == "unvalidated" else ""
+    for c in report.get("checks", []):
+        if c["passed"]:
+            continue
+        found = [f"{c['unwritten']} outputs unwritten"] if c.get("unwritten") else []
+        if not c.get("within_bound", True) or c.get("bitwise_reference_order") is False:
+            found.append(f"error {c['worst_error_over_bound']:.3g}x the bound (max |y - ref| {c['max_abs_error']:.3g})")
+        found += [what for key, what in (("input_intact", "input overwritten"), ("repeatable", "bits differ between runs"),
+                                         ("fresh_output", "a second input gave a wrong output")) if c.get(key) is False]
+        return f"{c['shape'][0]}x{c['shape'][1]} trial {c['trial']}: {', '.join(found) or 'check failed'}"
+    if report.get("implausibly_fast"):
+        return f"implausibly fast at {report['implausibly_fast']} (faster than the memory system)"
+    return "failed"
