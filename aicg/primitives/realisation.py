@@ -95,6 +95,17 @@ def save(path: Path, provenance: dict, records: list[dict]) -> None:
     cas.write_atomic(Path(path), (text.replace('},{"id"', '},\n{"id"') + "\n").encode())
 
 
+def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise linear through (xs, ys), held constant beyond the ends."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, x)
+    t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+
 class MeasuredPrior:
     """Predicted seconds of a candidate on a shape, from the profile where it measured that realisation."""
 
@@ -104,6 +115,8 @@ class MeasuredPrior:
         self._ratios: dict[str, tuple[list[float], list[float]]] = {}
 
     def _calibration(self, config_id: str, family, dtype: str, p: dict):
+        """(log cols, log measured/model, log seconds per element) at each measured row length, and
+        the most elements one measured launch covered."""
         if config_id not in self._ratios:
             points = self._records.get(config_id)
             if not points:
@@ -112,24 +125,24 @@ class MeasuredPrior:
                 xs = [math.log(r["cols"]) for r in points]
                 ys = [math.log(r["seconds"] / plan.predict_seconds(family, dtype, p, (r["rows"], r["cols"]), self.hw))
                       for r in points]
-                self._ratios[config_id] = (xs, ys)
+                per_element = [math.log(r["seconds"] / (r["rows"] * r["cols"])) for r in points]
+                self._ratios[config_id] = (xs, ys, per_element, max(r["rows"] * r["cols"] for r in points))
         return self._ratios[config_id]
 
     def __call__(self, family, dtype: str, p: dict, shape) -> float | None:
+        """The datasheet model calibrated by the measurements at the nearest row lengths. A
+        shape larger than the lab's launches is never predicted faster per element than the
+        lab measured: those launches already saturate the memory system, and the model's
+        credit for rows that a partial wave runs for free does not survive more rows."""
         found = self._calibration(plan.candidate_id(family.name, dtype, p), family, dtype, p)
         if found is None:
             return None
-        xs, ys = found
+        xs, ys, per_element, largest = found
         x = math.log(shape[1])
-        if x <= xs[0]:
-            log_ratio = ys[0]
-        elif x >= xs[-1]:
-            log_ratio = ys[-1]
-        else:
-            i = bisect.bisect_right(xs, x)
-            t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-            log_ratio = ys[i - 1] + t * (ys[i] - ys[i - 1])
-        return plan.predict_seconds(family, dtype, p, shape, self.hw) * math.exp(log_ratio)
+        calibrated = plan.predict_seconds(family, dtype, p, shape, self.hw) * math.exp(_interpolate(xs, ys, x))
+        if shape[0] * shape[1] <= largest:
+            return calibrated
+        return max(calibrated, shape[0] * shape[1] * math.exp(_interpolate(xs, per_element, x)))
 
     def drift(self, config_id: str, max_cols: int) -> tuple[float, int] | None:
         """(largest drift measured up to max_cols, at which row length), or None if never measured."""

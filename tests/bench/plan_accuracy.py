@@ -89,11 +89,14 @@ def _spearman(a, b) -> float:
     return cov / math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
 
 
-def report(measured_path: str) -> dict:
+def report(measured_path: str, realisation_path: str | None = None) -> dict:
+    """How well each prior ranks the candidates timed in `measured_path`; the measured prior
+    reads `realisation_path` (default: the hwdb's profile; it should be the profile of the
+    kernels that were timed)."""
     data = json.loads(Path(measured_path).read_text())
     timed = {cid: r for cid, r in data["results"].items() if r["status"] == "passed"}
     rules, prof, target = _setup()
-    real = realisation.load(realisation.path_for(REPO / "hwdb", target.target))
+    real = realisation.load(Path(realisation_path) if realisation_path else realisation.path_for(REPO / "hwdb", target.target))
     models = {"datasheet": (plan_inputs.values(plan_inputs.resolve(target, measured=False)), None)}
     if real is not None:
         probed = plan_inputs.values(plan_inputs.resolve(target))
