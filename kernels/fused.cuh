@@ -1,6 +1,7 @@
 // Fused chains over rows: x and a residual r of the same shape read
 // together, per-column vectors beside them, one output written once.
-// Template parameters as in softmax.cuh (FAST_EXP and CACHE unused).
+// Template parameters as in softmax.cuh (FAST_EXP and CACHE unused). Input rows lie
+// x_stride and r_stride elements apart; y is dense.
 #pragma once
 #include "reduce.cuh"
 #include "row_access.cuh"
@@ -43,12 +44,13 @@ __device__ __forceinline__ void map_pair(const T* __restrict__ x, const T* __res
 // y = gelu(x + b) + r, gelu(z) = z (1 + erf(z / sqrt 2)) / 2
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void bias_gelu_residual(const T* __restrict__ x, const T* __restrict__ r,
-                                                   const T* __restrict__ b, T* __restrict__ y, int rows, int cols) {
+                                                   const T* __restrict__ b, T* __restrict__ y, int rows, int cols,
+                                                   int x_stride, int r_stride) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  const long long at = row * cols;
-  map_pair<VEC>(x + at, r + at, b, y + at, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, r, b, y),
+  map_pair<VEC>(x + row * x_stride, r + row * r_stride, b, y + row * cols, cols, G::lane(), G::lanes,
+                rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, b, y),
                 [](float xj, float rj, float bj) {
     const float z = xj + bj;
     return 0.5f * z * (1.0f + erff(z * 0.707106781186547524f)) + rj;
@@ -59,20 +61,21 @@ __device__ __forceinline__ void bias_gelu_residual(const T* __restrict__ x, cons
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const T* __restrict__ r,
                                                  const T* __restrict__ w, T* __restrict__ y, int rows, int cols,
-                                                 float eps) {
+                                                 int x_stride, int r_stride, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  const long long at = row * cols;
-  const bool vec = rows_vectorisable<VEC>(cols, x, r, w, y);
+  const T* xr = x + row * x_stride;
+  const T* rr = r + row * r_stride;
+  const bool vec = rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, w, y);
   float ss = 0.0f;
-  for_each_pair<VEC>(x + at, r + at, cols, G::lane(), G::lanes, vec, [&](float xj, float rj) {
+  for_each_pair<VEC>(xr, rr, cols, G::lane(), G::lanes, vec, [&](float xj, float rj) {
     const float h = xj + rj;
     ss += h * h;
   });
   ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
   const float scale = 1.0f / sqrtf(ss / cols + eps);
-  map_pair<VEC>(x + at, r + at, w, y + at, cols, G::lane(), G::lanes, vec,
+  map_pair<VEC>(xr, rr, w, y + row * cols, cols, G::lane(), G::lanes, vec,
                 [&](float xj, float rj, float wj) { return (xj + rj) * scale * wj; });
 }
 

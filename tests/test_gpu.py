@@ -76,8 +76,16 @@ def test_loaded_kernels_match_pytorch(built, op, dtype):
     inst = aicg.load(built[0])
     tdtype = getattr(torch, dtype)
     stream = torch.cuda.Stream()
-    for shape in [(1, 1), (7, 3), (3, 5, 1000), (129, 4097), (2048, 4096)]:
+    dense = [(shape, None) for shape in [(1, 1), (7, 3), (3, 5, 1000), (129, 4097), (2048, 4096)]]
+    # rows lying apart in a wider matrix: aligned for packs, odd, offset by one element, batched
+    strided = [((129, 4104), slice(0, 4096)), ((37, 1003), slice(0, 1000)), ((37, 1024), slice(1, 1001)),
+               ((3, 5, 1024), slice(0, 1000))]
+    for shape, cut in dense + strided:
         x = (torch.randn(shape, device="cuda") * 3 + 1).to(tdtype)
+        if cut is not None:
+            x = x[..., cut]
+            assert not x.is_contiguous()
+            shape = tuple(x.shape)
         w = torch.rand(shape[-1], device="cuda").add(0.5).to(tdtype)
         b = torch.randn(shape[-1], device="cuda").to(tdtype)
         args = {"rmsnorm": (w,), "layernorm": (w, b)}.get(op, ())
