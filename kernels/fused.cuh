@@ -8,12 +8,38 @@
 
 namespace aicg {
 
+// consume(px, pr, i) for the lane's whole groups of packs of two rows, the
+// loads of a group issued together (as each_group does for one row).
+template <int V, typename T, typename C>
+__device__ __forceinline__ int each_group_pair(const T* __restrict__ x, const T* __restrict__ r, int packs,
+                                               int lane, int lanes, C&& consume) {
+  int i = lane;
+  for (; i + (UNROLL - 1) * lanes < packs; i += UNROLL * lanes) {
+    Pack<T, V> px[UNROLL], pr[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      px[u] = load_pack<V>(x + (long long)(i + u * lanes) * V);
+      pr[u] = load_pack<V>(r + (long long)(i + u * lanes) * V);
+    }
+    consume(px, pr, i);
+  }
+  return i;
+}
+
 // f(x_j, r_j) for the lane's elements of two rows, in increasing order.
 template <int V, typename T, typename F>
 __device__ __forceinline__ void for_each_pair(const T* __restrict__ x, const T* __restrict__ r, int cols,
                                               int lane, int lanes, bool vectorised, F&& f) {
   if (V > 1 && vectorised) {
-    for (int i = lane; i < cols / V; i += lanes) {
+    const int packs = cols / V;
+    int i = each_group_pair<V>(x, r, packs, lane, lanes,
+                               [&](const Pack<T, V> (&px)[UNROLL], const Pack<T, V> (&pr)[UNROLL], int) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int k = 0; k < V; ++k) f(to_float(px[u].v[k]), to_float(pr[u].v[k]));
+    });
+    for (; i < packs; i += lanes) {
       const Pack<T, V> px = load_pack<V>(x + (long long)i * V), pr = load_pack<V>(r + (long long)i * V);
 #pragma unroll
       for (int k = 0; k < V; ++k) f(to_float(px.v[k]), to_float(pr.v[k]));
@@ -23,18 +49,34 @@ __device__ __forceinline__ void for_each_pair(const T* __restrict__ x, const T* 
   }
 }
 
+// y_j = g(x_j, r_j, c_j) for the V elements of a pack at `at`; c is a per-column vector.
+template <int V, typename T, typename G>
+__device__ __forceinline__ Pack<T, V> map_pair_pack(const Pack<T, V>& px, const Pack<T, V>& pr,
+                                                    const T* __restrict__ c, long long at, G& g) {
+  const Pack<T, V> pc = load_pack<V>(c + at);
+  float y[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) y[k] = g(to_float(px.v[k]), to_float(pr.v[k]), to_float(pc.v[k]));
+  return pack_floats<T, V>(y);
+}
+
 // y_j = g(x_j, r_j, c_j) for the lane's elements; c is a per-column vector.
 template <int V, typename T, typename G>
 __device__ __forceinline__ void map_pair(const T* __restrict__ x, const T* __restrict__ r, const T* __restrict__ c,
                                          T* __restrict__ y, int cols, int lane, int lanes, bool vectorised, G&& g) {
   if (V > 1 && vectorised) {
-    for (int i = lane; i < cols / V; i += lanes) {
-      const long long at = (long long)i * V;
-      const Pack<T, V> px = load_pack<V>(x + at), pr = load_pack<V>(r + at), pc = load_pack<V>(c + at);
-      Pack<T, V> py;
+    const int packs = cols / V;
+    int i = each_group_pair<V>(x, r, packs, lane, lanes,
+                               [&](const Pack<T, V> (&px)[UNROLL], const Pack<T, V> (&pr)[UNROLL], int first) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) py.v[k] = from_float<T>(g(to_float(px.v[k]), to_float(pr.v[k]), to_float(pc.v[k])));
-      store_pack<V>(y + at, py);
+      for (int u = 0; u < UNROLL; ++u) {
+        const long long at = (long long)(first + u * lanes) * V;
+        store_pack<V>(y + at, map_pair_pack<V>(px[u], pr[u], c, at, g));
+      }
+    });
+    for (; i < packs; i += lanes) {
+      const long long at = (long long)i * V;
+      store_pack<V>(y + at, map_pair_pack<V>(load_pack<V>(x + at), load_pack<V>(r + at), c, at, g));
     }
   } else {
     for (int j = lane; j < cols; j += lanes) y[j] = from_float<T>(g(to_float(x[j]), to_float(r[j]), to_float(c[j])));
