@@ -59,3 +59,9 @@ def test_a_residual_is_offset_like_x(buffers):
     (_, _, a1), (_, _, a2) = kernel.launches
     assert a2["r"][0] - a1["r"][0] == a2["x"][0] - a1["x"][0] == 4 * 7 * 4
     assert a1["r"][0] != a1["x"][0] and a2["w"] == a1["w"]
+
+
+def test_long_rows_are_checked_on_fewer_rows_but_never_on_few():
+    assert check.rows_checked(1) == check.rows_checked(4096) == check.ROWS_CHECKED
+    assert check.rows_checked(32768) * 32768 <= check.ELEMENTS_CHECKED
+    assert check.rows_checked(1 << 20) == check.MIN_ROWS_CHECKED
