@@ -79,3 +79,7 @@ def test_strided_rows_are_offset_by_the_stride_and_their_padding_is_poison(monke
     assert stored["w"] is inputs["w"]                      # vectors are dense
     with pytest.raises(ValueError, match="shorter than a row"):
         check.Buffers(op, dtype, 10, 7, stride=6)
+def test_long_rows_are_checked_on_fewer_rows_but_never_on_few():
+    assert check.rows_checked(1) == check.rows_checked(4096) == check.ROWS_CHECKED
+    assert check.rows_checked(32768) * 32768 <= check.ELEMENTS_CHECKED
+    assert check.rows_checked(1 << 20) == check.MIN_ROWS_CHECKED
