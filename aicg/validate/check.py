@@ -10,8 +10,8 @@ on each input; differing bits fail it when the profile demands determinism.
 Large shapes are checked on their first ROWS_CHECKED rows, and long rows on
 as many as ELEMENTS_CHECKED elements allow (never fewer than
 MIN_ROWS_CHECKED): the kernel sees the full row length, the float64
-reference stays cheap (256 rows of 32768 took the host over a second a
-comparison, more than the kernel's whole validation on the device).
+reference stays cheap (a bfloat16 softmax on 256 rows of 32768: 1.2 s per
+comparison on a development CPU; validation compares twice per trial).
 
 Every check also re-runs the kernel on new inputs without poisoning the
 output (a kernel that keeps or reads back a previous result fails), and
