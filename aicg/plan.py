@@ -27,7 +27,8 @@ from .semantics.ruleset import Family
 # nothing else of the entry reaches its key.
 PLAN_INPUTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
                "registers_per_sm", "dram_bandwidth", "l2_capacity", "cached_sweep_speedup", "launch_seconds",
-               "saturating_bytes_per_sm", "uncoalesced_penalty", "block_reduction_seconds")
+               "saturating_bytes_per_sm", "uncoalesced_penalty", "block_reduction_seconds",
+               "dram_latency_seconds", "l2_latency_seconds")
 
 BASE_REGISTERS = 32             # a family's registers before it holds any of the row
 SECTOR_BYTES = 32              # the unit a DRAM or L2 access moves
@@ -74,6 +75,13 @@ def candidate_id(family: str, dtype: str, p: dict) -> str:
 
 
 def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, int], hw: dict) -> float:
+    """The datasheet model: the longer of moving the bytes and a lane's chain of memory waits."""
+    return max(model_terms(family, dtype_name, p, shape, hw))
+
+
+def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int], hw: dict) -> tuple[float, float]:
+    """(seconds to move the bytes, seconds of the longest chain of waits), launch and
+    block reductions included in both."""
     rows, cols = shape
     dtype = DTYPES[dtype_name]
     op = OPERATORS[family.op]
@@ -114,10 +122,22 @@ def predict_seconds(family: Family, dtype_name: str, p: dict, shape: tuple[int, 
     coalescing = min(1.0, vec * dtype.size / 4 / hw["uncoalesced_penalty"]) if strided else 1.0
     bandwidth = hw["dram_bandwidth"] * fill * lane_use * coalescing
 
-    seconds = hw["launch_seconds"] + (dram_bytes + cached_bytes / hw["cached_sweep_speedup"]) / bandwidth
+    # The longest path: a lane meets its share of a row in groups of
+    # LOADS_IN_FLIGHT accesses, and each group waits for memory once (a lane's
+    # accesses within one sector wait once between them; a held row is loaded
+    # in one group; later sweeps re-read from L2). A launch of few rows is
+    # bound by it, not by bandwidth: one thread walking a row of 65536 waits
+    # thousands of times.
+    per_wait = max(plan_inputs.LOADS_IN_FLIGHT * vec * dtype.size, SECTOR_BYTES)
+    groups = 1 if fits else math.ceil(row_bytes / lanes / per_wait)
+    later = 0 if fits else family.sweeps - 1
+    row_seconds = groups * (hw["dram_latency_seconds"] + later * hw["l2_latency_seconds"])
+
+    overhead = hw["launch_seconds"]
     if p["topology"] == "block":
-        seconds += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1)
-    return seconds
+        overhead += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1)
+    by_bytes = (dram_bytes + cached_bytes / hw["cached_sweep_speedup"]) / bandwidth
+    return overhead + by_bytes, overhead + waves * row_seconds
 
 
 def _combinations(family: Family):

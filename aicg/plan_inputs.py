@@ -73,6 +73,13 @@ def resolve(hardware: Hardware, measured: bool = True) -> dict[str, PlanInput]:
         PlanInput(inputs["max_threads_per_sm"].value * 16 * LOADS_IN_FLIGHT,
                   f"{inputs['max_threads_per_sm'].source} x 16 B x {LOADS_IN_FLIGHT} loads"))
 
+    # What one wait for memory costs a lane walking its row: the measured load-to-use
+    # latency of DRAM (a first sweep) and of L2 (a re-read), else prior constants.
+    for name, level, prior in (("dram_latency_seconds", "dram", 6e-7), ("l2_latency_seconds", "l2", 3e-7)):
+        cycles = fact(f"{level}_latency_cycles")
+        inputs[name] = (PlanInput(cycles.value / (clock.value * 1e6), f"{cycles.source} / {clock.source}")
+                        if cycles and clock else PlanInput(prior, f"prior constant: a {level} load's latency"))
+
     # Lanes a row apart (a thread per row): useful share of each 4-byte access.
     inputs["uncoalesced_penalty"] = fact("uncoalesced_penalty") or PlanInput(
         SECTOR_BYTES / 4, f"prior constant: a {SECTOR_BYTES}-byte sector per 4-byte access")

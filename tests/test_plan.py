@@ -143,14 +143,36 @@ def test_a_fact_the_plan_does_not_read_changes_nothing(shipped_ruleset, load_pro
     assert [c.as_record() for c in make_plan(shipped_ruleset, prof, other)] == before
 
 
-def test_more_dram_bandwidth_predicts_shorter_times(shipped_ruleset, load_profile, all_facts):
+def _with(all_facts, **scaled):
+    return {**all_facts, **{k: factor * all_facts[k] for k, factor in scaled.items()}}
+
+
+def test_more_dram_bandwidth_predicts_shorter_times_where_bytes_bound_them(shipped_ruleset, load_profile, all_facts):
+    """Doubling the bandwidth shortens every prediction that shorter latencies leave alone
+    (bound by bytes), and lengthens none (a lane's chain of waits does not move faster)."""
     prof = load_profile("default")
-    slow = {c.id: c for c in make_plan(shipped_ruleset, prof, all_facts, 10_000)}
-    fast = {c.id: c for c in make_plan(shipped_ruleset, prof,
-                                       {**all_facts, "dram_bandwidth": 2 * all_facts["dram_bandwidth"]}, 10_000)}
-    assert slow.keys() == fast.keys()
-    for cid in slow:
-        assert all(f < s for f, s in zip(fast[cid].predicted_seconds, slow[cid].predicted_seconds)), cid
+    plans = {name: {c.id: c.predicted_seconds for c in make_plan(shipped_ruleset, prof, facts, 10_000)}
+             for name, facts in (("base", all_facts), ("bandwidth", _with(all_facts, dram_bandwidth=2)),
+                                 ("latency", _with(all_facts, dram_latency_seconds=0.5, l2_latency_seconds=0.5)))}
+    assert plans["base"].keys() == plans["bandwidth"].keys() == plans["latency"].keys()
+    bytes_bound = 0
+    for cid, base in plans["base"].items():
+        for b, f, quick in zip(base, plans["bandwidth"][cid], plans["latency"][cid]):
+            assert f <= b, cid
+            if quick == b:
+                assert f < b, cid
+                bytes_bound += 1
+    assert bytes_bound > 0.9 * sum(map(len, plans["base"].values()))
+
+
+def test_one_thread_does_not_walk_a_long_row_alone(shipped_ruleset, all_facts):
+    """A single long row: one thread per row would wait on memory thousands of times in a
+    row; the lanes of a block share the waits."""
+    family = shipped_ruleset.families["row_sum_tree"]
+    params = {"threads": 256, "vec_bytes": 16, "fast_exp": False, "cache_packs": 0}
+    thread, block = (plan.predict_seconds(family, "float32", {**params, "topology": t}, (1, 65536), all_facts)
+                     for t in ("thread", "block"))
+    assert thread > 20 * block
 
 
 def test_short_rows_go_to_one_thread_each_and_long_rows_to_many(shipped_ruleset, all_facts):

@@ -83,3 +83,17 @@ def test_long_rows_are_checked_on_fewer_rows_but_never_on_few():
     assert check.rows_checked(1) == check.rows_checked(4096) == check.ROWS_CHECKED
     assert check.rows_checked(32768) * 32768 <= check.ELEMENTS_CHECKED
     assert check.rows_checked(1 << 20) == check.MIN_ROWS_CHECKED
+
+
+def test_a_failed_validation_says_what_it_found_first():
+    from aicg.validate import why_failed
+    passed = {"shape": [5, 7], "trial": 0, "passed": True}
+    wrong = {"shape": [1, 65536], "trial": 1, "passed": False, "unwritten": 0, "within_bound": False,
+             "worst_error_over_bound": 3.5, "max_abs_error": 2e-6, "input_intact": True, "repeatable": True,
+             "fresh_output": False}
+    line = why_failed({"status": "failed", "checks": [passed, wrong]})
+    assert line == "1x65536 trial 1: error 3.5x the bound (max |y - ref| 2e-06), a second input gave a wrong output"
+    assert why_failed({"status": "failed", "checks": [passed], "implausibly_fast": [[2048, 4096]]}).startswith(
+        "implausibly fast at [[2048, 4096]]")
+    assert why_failed({"status": "passed", "checks": [passed]}) == ""
+    assert why_failed({"status": "unvalidated", "reason": "no GPU on this machine"}) == "no GPU on this machine"

@@ -115,23 +115,25 @@ class MeasuredPrior:
         self._ratios: dict[str, tuple[list[float], list[float]]] = {}
 
     def _calibration(self, config_id: str, family, dtype: str, p: dict):
-        """(log cols, log measured/model, log seconds per element) at each measured row length, and
-        the most elements one measured launch covered."""
+        """(log cols, log measured/modelled byte time, log seconds per element) at each measured
+        row length, and the most elements one measured launch covered."""
         if config_id not in self._ratios:
             points = self._records.get(config_id)
             if not points:
                 self._ratios[config_id] = None
             else:
                 xs = [math.log(r["cols"]) for r in points]
-                ys = [math.log(r["seconds"] / plan.predict_seconds(family, dtype, p, (r["rows"], r["cols"]), self.hw))
+                ys = [math.log(r["seconds"] / plan.model_terms(family, dtype, p, (r["rows"], r["cols"]), self.hw)[0])
                       for r in points]
                 per_element = [math.log(r["seconds"] / (r["rows"] * r["cols"])) for r in points]
                 self._ratios[config_id] = (xs, ys, per_element, max(r["rows"] * r["cols"] for r in points))
         return self._ratios[config_id]
 
     def __call__(self, family, dtype: str, p: dict, shape) -> float | None:
-        """The datasheet model calibrated by the measurements at the nearest row lengths. A
-        shape larger than the lab's launches is never predicted faster per element than the
+        """The model's time to move the bytes, calibrated by the measurements at the nearest row
+        lengths (the lab's launches are bound by bytes), and never shorter than the model's
+        chain of memory waits (what bounds a launch of few rows, which the lab does not run).
+        A shape larger than the lab's launches is never predicted faster per element than the
         lab measured: those launches already saturate the memory system, and the model's
         credit for rows that a partial wave runs for free does not survive more rows."""
         found = self._calibration(plan.candidate_id(family.name, dtype, p), family, dtype, p)
@@ -139,10 +141,11 @@ class MeasuredPrior:
             return None
         xs, ys, per_element, largest = found
         x = math.log(shape[1])
-        calibrated = plan.predict_seconds(family, dtype, p, shape, self.hw) * math.exp(_interpolate(xs, ys, x))
+        by_bytes, by_waits = plan.model_terms(family, dtype, p, shape, self.hw)
+        predicted = max(by_bytes * math.exp(_interpolate(xs, ys, x)), by_waits)
         if shape[0] * shape[1] <= largest:
-            return calibrated
-        return max(calibrated, shape[0] * shape[1] * math.exp(_interpolate(xs, per_element, x)))
+            return predicted
+        return max(predicted, shape[0] * shape[1] * math.exp(_interpolate(xs, per_element, x)))
 
     def drift(self, config_id: str, max_cols: int) -> tuple[float, int] | None:
         """(largest drift measured up to max_cols, at which row length), or None if never measured."""
