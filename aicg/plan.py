@@ -31,7 +31,6 @@ PLAN_INPUTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_b
                "dram_latency_seconds", "l2_latency_seconds")
 
 BASE_REGISTERS = 32             # a family's registers before it holds any of the row
-SECTOR_BYTES = 32              # the unit a DRAM or L2 access moves
 REGISTER_MARGIN = 16            # room for the sweeps' temporaries beside a held row
 MAX_THREAD_REGISTERS = 255      # what one thread can address
 
@@ -118,7 +117,7 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     fill = min(1.0, in_flight / (hw["sm_count"] * hw["saturating_bytes_per_sm"]))
     # A thread per row: a warp's access touches 32 rows; wider accesses use more of each.
     # Rows no longer than a 32-byte sector lie side by side, so the warp reads whole sectors.
-    strided = lanes == 1 and row_bytes > SECTOR_BYTES
+    strided = lanes == 1 and row_bytes > plan_inputs.SECTOR_BYTES
     coalescing = min(1.0, vec * dtype.size / 4 / hw["uncoalesced_penalty"]) if strided else 1.0
     bandwidth = hw["dram_bandwidth"] * fill * lane_use * coalescing
 
@@ -128,7 +127,7 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     # in one group; later sweeps re-read from L2). A launch of few rows is
     # bound by it, not by bandwidth: one thread walking a row of 65536 waits
     # thousands of times.
-    per_wait = max(plan_inputs.LOADS_IN_FLIGHT * vec * dtype.size, SECTOR_BYTES)
+    per_wait = max(plan_inputs.LOADS_IN_FLIGHT * vec * dtype.size, plan_inputs.SECTOR_BYTES)
     groups = 1 if fits else math.ceil(row_bytes / lanes / per_wait)
     later = 0 if fits else family.sweeps - 1
     row_seconds = groups * (hw["dram_latency_seconds"] + later * hw["l2_latency_seconds"])
