@@ -39,11 +39,21 @@ class Operator:
         params += [f"const {ctype}* __restrict__ {m}" for m in self.matrices]
         params += [f"const {ctype}* __restrict__ {v}" for v in self.vectors]
         params += [f"{ctype}* __restrict__ y", "int rows", "int cols"]
+        params += [f"int {name}" for name in self.stride_names()]
         params += [f"float {name}" for name, _ in self.scalars]
         return params
 
+    def input_matrices(self) -> tuple[str, ...]:
+        return ("x", *self.matrices)
+
+    def stride_names(self) -> list[str]:
+        """Row strides, in elements, of the input matrices: their rows may lie apart (a slice of
+        a wider matrix); the output is written densely."""
+        return [f"{m}_stride" for m in self.input_matrices()]
+
     def argument_names(self) -> list[str]:
-        return ["x", *self.matrices, *self.vectors, "y", "rows", "cols", *(n for n, _ in self.scalars)]
+        return ["x", *self.matrices, *self.vectors, "y", "rows", "cols", *self.stride_names(),
+                *(n for n, _ in self.scalars)]
 
     def output_shape(self, rows: int, cols: int) -> tuple[int, ...]:
         return (rows, cols) if self.output == "matrix" else (rows,)

@@ -10,11 +10,13 @@ namespace aicg {
 // y = x / sqrt(mean(x^2) + eps) * w
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void rmsnorm(const T* __restrict__ x, const T* __restrict__ w,
-                                        T* __restrict__ y, int rows, int cols, float eps) {
+                                        T* __restrict__ y, int rows, int cols, int x_stride,
+                                        float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, y),
+  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
+                       rows_vectorisable<VEC>(cols, x_stride, x, w, y),
                        [&](auto& r) {
     float ss = 0.0f;
     r.each([&](int, float v) { ss += v * v; });
@@ -28,11 +30,12 @@ __device__ __forceinline__ void rmsnorm(const T* __restrict__ x, const T* __rest
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void layernorm_twopass(const T* __restrict__ x, const T* __restrict__ w,
                                                   const T* __restrict__ b, T* __restrict__ y,
-                                                  int rows, int cols, float eps) {
+                                                  int rows, int cols, int x_stride, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, b, y),
+  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
+                       rows_vectorisable<VEC>(cols, x_stride, x, w, b, y),
                        [&](auto& r) {
     float s = 0.0f;
     r.each([&](int, float v) { s += v; });
@@ -49,11 +52,12 @@ __device__ __forceinline__ void layernorm_twopass(const T* __restrict__ x, const
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void layernorm_welford(const T* __restrict__ x, const T* __restrict__ w,
                                                   const T* __restrict__ b, T* __restrict__ y,
-                                                  int rows, int cols, float eps) {
+                                                  int rows, int cols, int x_stride, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, w, b, y),
+  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
+                       rows_vectorisable<VEC>(cols, x_stride, x, w, b, y),
                        [&](auto& r) {
     const MergeWelford merge;
     Welford st = merge.identity();

@@ -6,15 +6,18 @@
 namespace aicg {
 
 // Whether all rows of every given matrix can be read in packs of V: the base
-// pointers aligned to the pack size and each row a whole number of packs.
+// pointers aligned to the pack size, each row a whole number of packs, and
+// every row starting on a pack (`strides`: the input row strides or-ed
+// together; V is a power of two, so the or is a multiple of V exactly when
+// each stride is).
 template <int V, typename T>
-__device__ __forceinline__ bool rows_vectorisable(int cols, const T* a, const T* b = nullptr,
+__device__ __forceinline__ bool rows_vectorisable(int cols, int strides, const T* a, const T* b = nullptr,
                                                   const T* c = nullptr, const T* d = nullptr) {
   if (V == 1) return false;
   const unsigned long long mask = sizeof(T) * V - 1;
   const unsigned long long bits = (unsigned long long)a | (unsigned long long)b |
                                   (unsigned long long)c | (unsigned long long)d;
-  return cols % V == 0 && (bits & mask) == 0;
+  return cols % V == 0 && strides % V == 0 && (bits & mask) == 0;
 }
 
 // Loads issued before the first of them is used: enough bytes in flight per
@@ -148,9 +151,9 @@ struct RowStream {
   }
 };
 
-// Slots hold whole packs when V > 1 (rows that allow packs) and strided
-// single elements when V == 1; the choice is a template parameter so that
-// every slot index is a compile-time constant and the row stays in registers.
+// Slots hold whole packs (single elements when V == 1); V is a template
+// parameter so that every slot index is a compile-time constant and the row
+// stays in registers.
 // A lane's slots fill in order: it holds its first `held` packs. FULL: every
 // lane of the row group holds all CACHE packs (a row of exactly
 // lanes * V * CACHE elements), so no slot is tested at all; otherwise each
@@ -214,22 +217,21 @@ template <typename R> struct held_in_registers { static constexpr bool value = R
 template <typename R> struct held_in_registers<R&> : held_in_registers<R> {};
 
 // Run body(row) with the row held in registers when CACHE slots per lane
-// hold it, streamed from memory otherwise. The choice depends only on cols
-// and the lane count, so every thread of a row group takes the same branch.
+// hold it, streamed from memory otherwise. The choice depends only on cols,
+// the row stride and the lane count, so every thread of a row group takes
+// the same branch. A kernel of packs (V > 1) streams a row that does not
+// allow packs: holding it element by element (CACHE * V strided slots) made
+// ptxas spill, or take 90 registers where the packed path takes 56, in
+// kernels that never see such a row on their workload.
 template <int V, int CACHE, typename T, typename Body>
 __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int lanes, bool vectorised, Body&& body) {
   if constexpr (CACHE > 0) {
-    if (cols <= lanes * V * CACHE) {
-      if (V > 1 && vectorised) {
-        if (cols == lanes * V * CACHE) {
-          RowCache<V, CACHE, T, true> cached(row, cols, lane, lanes);
-          body(cached);
-        } else {
-          RowCache<V, CACHE, T, false> cached(row, cols, lane, lanes);
-          body(cached);
-        }
+    if ((V == 1 || vectorised) && cols <= lanes * V * CACHE) {
+      if (cols == lanes * V * CACHE) {
+        RowCache<V, CACHE, T, true> cached(row, cols, lane, lanes);
+        body(cached);
       } else {
-        RowCache<1, CACHE * V, T, false> cached(row, cols, lane, lanes);
+        RowCache<V, CACHE, T, false> cached(row, cols, lane, lanes);
         body(cached);
       }
       return;

@@ -8,25 +8,27 @@ namespace aicg {
 
 template <typename T, int THREADS, int VEC, int TOPOLOGY, typename Op>
 __device__ __forceinline__ void reduce_rows(const T* __restrict__ x, T* __restrict__ y, int rows,
-                                            int cols, Op op) {
+                                            int cols, int x_stride, Op op) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  const bool vec = rows_vectorisable<VEC>(cols, x);
+  const bool vec = rows_vectorisable<VEC>(cols, x_stride, x);
   float acc = op.identity();
-  for_each<VEC>(x + row * cols, cols, G::lane(), G::lanes, vec, [&](int, float v) { acc = op(acc, v); });
+  for_each<VEC>(x + row * x_stride, cols, G::lane(), G::lanes, vec, [&](int, float v) { acc = op(acc, v); });
   acc = row_reduce<THREADS, TOPOLOGY>(acc, op);
   if (G::lane() == 0) y[row] = from_float<T>(acc);
 }
 
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
-__device__ __forceinline__ void row_sum(const T* __restrict__ x, T* __restrict__ y, int rows, int cols) {
-  reduce_rows<T, THREADS, VEC, TOPOLOGY>(x, y, rows, cols, Sum());
+__device__ __forceinline__ void row_sum(const T* __restrict__ x, T* __restrict__ y, int rows, int cols,
+                                        int x_stride) {
+  reduce_rows<T, THREADS, VEC, TOPOLOGY>(x, y, rows, cols, x_stride, Sum());
 }
 
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
-__device__ __forceinline__ void row_max(const T* __restrict__ x, T* __restrict__ y, int rows, int cols) {
-  reduce_rows<T, THREADS, VEC, TOPOLOGY>(x, y, rows, cols, Max());
+__device__ __forceinline__ void row_max(const T* __restrict__ x, T* __restrict__ y, int rows, int cols,
+                                        int x_stride) {
+  reduce_rows<T, THREADS, VEC, TOPOLOGY>(x, y, rows, cols, x_stride, Max());
 }
 
 }  // namespace aicg

@@ -5,6 +5,7 @@
 //   TOPOLOGY  WARP_PER_ROW, BLOCK_PER_ROW or THREAD_PER_ROW (see reduce.cuh)
 //   FAST_EXP  __expf instead of expf
 //   CACHE     packs per thread held in registers between sweeps (0: re-read)
+// Input rows lie x_stride elements apart (cols for a dense matrix); y is dense.
 #pragma once
 #include "online_softmax.cuh"
 #include "reduce.cuh"
@@ -18,11 +19,12 @@ namespace aicg {
 // those a streamed row computes twice.
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
-                                                int rows, int cols) {
+                                                int rows, int cols, int x_stride) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
-  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, y),
+  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
+                       rows_vectorisable<VEC>(cols, x_stride, x, y),
                        [&](auto& r) {
     float m = ShiftMax().identity();
     r.each([&](int, float v) { m = ShiftMax()(m, v); });
@@ -45,11 +47,12 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
 // Two sweeps: (max, sum) together as an online state, then write.
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_online(const T* __restrict__ x, T* __restrict__ y,
-                                               int rows, int cols) {
+                                               int rows, int cols, int x_stride) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   const long long row = G::row();
   if (row >= rows) return;
-  with_row<VEC, CACHE>(x + row * cols, cols, G::lane(), G::lanes, rows_vectorisable<VEC>(cols, x, y),
+  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
+                       rows_vectorisable<VEC>(cols, x_stride, x, y),
                        [&](auto& r) {
     const MergeMaxSum<FAST_EXP> merge;
     MaxSum state = merge.identity();

@@ -220,8 +220,9 @@ def test_selecting_a_rule_the_preservation_level_forbids_fails_with_the_reason(b
     assert "small.toml: rules.select" in run.output and "fast_intrinsics needs math in ('approximate')" in run.output
 
 
-def test_a_candidate_that_spills_is_rejected_without_a_gpu_run(built):
-    """Resource failures are decided from the compiler's report, before any device."""
+def test_a_candidate_that_spills_goes_to_validation_like_any_other(built):
+    """A spill is a cost for the timing to measure, not a verdict: the compiler's report
+    of one does not keep a candidate from the device (here: no GPU, so unvalidated)."""
     from aicg.tasks import graph as graph_module
     from aicg.tasks.step import Context
     instance = graph_module.load_instance(graph_module.Layout(built), built / "rulesets/profiles/small.toml", built / "build")
@@ -236,4 +237,4 @@ def test_a_candidate_that_spills_is_rejected_without_a_gpu_run(built):
     receipt["outputs"][f"cubin/{cand}.json"] = digest.of_bytes(report_bytes)
     result = validate.run(Context(validate, instance.env))
     outcome = json.loads(next(iter(result.outputs.values())))
-    assert outcome == {"status": "rejected", "reason": "spills 64 bytes to local memory"} and result.cache
+    assert outcome["status"] == "unvalidated" and not result.cache

@@ -22,7 +22,7 @@ def test_a_fused_profile_builds_with_the_residual_in_every_signature(tmp_path):
         assert (project / "build/small" / entry["cubin"]).read_bytes().startswith(b"\x7fELF")
     source = next((project / "build/small/src").glob("residual_rmsnorm_tree.float32.*.cu")).read_text()
     assert "const float* __restrict__ r,\n    const float* __restrict__ w," in source
-    assert "aicg::residual_rmsnorm<" in source and "(x, r, w, y, rows, cols, eps);" in source
+    assert "aicg::residual_rmsnorm<" in source and "(x, r, w, y, rows, cols, x_stride, r_stride, eps);" in source
 
 
 def test_a_fused_operator_reads_every_input_once_in_the_plan_model(shipped_ruleset, repo):
@@ -36,4 +36,4 @@ def test_a_fused_operator_reads_every_input_once_in_the_plan_model(shipped_rules
     alone = plan.predict_seconds(shipped_ruleset.families["rmsnorm_tree"], "float32", params,
                                  (32768, 4096), planning.hw_facts)
     assert 1.3 < fused / alone < 1.7       # three matrices of bytes instead of two
-    assert OPERATORS["bias_gelu_residual"].argument_names() == ["x", "r", "b", "y", "rows", "cols"]
+    assert OPERATORS["bias_gelu_residual"].argument_names() == ["x", "r", "b", "y", "rows", "cols", "x_stride", "r_stride"]

@@ -46,8 +46,7 @@ def built(tmp_path_factory):
 def test_every_candidate_validates_and_is_timed(built):
     instance_dir, run = built
     results = [json.loads(p.read_text()) for p in (instance_dir / "validation").glob("*.json")]
-    # every candidate passes, or was refused before running for spilling (a resource failure)
-    failed = [r for r in results if r["status"] != "passed" and not r.get("reason", "").startswith("spills")]
+    failed = [r for r in results if r["status"] != "passed"]
     assert results and not failed, failed[:1]
     passed = [r for r in results if r["status"] == "passed"]
     assert passed and all(r["timings"] and all(t["median_seconds"] > 0 for t in r["timings"]) for r in passed)
@@ -76,8 +75,16 @@ def test_loaded_kernels_match_pytorch(built, op, dtype):
     inst = aicg.load(built[0])
     tdtype = getattr(torch, dtype)
     stream = torch.cuda.Stream()
-    for shape in [(1, 1), (7, 3), (3, 5, 1000), (129, 4097), (2048, 4096)]:
+    dense = [(shape, None) for shape in [(1, 1), (7, 3), (3, 5, 1000), (129, 4097), (2048, 4096)]]
+    # rows lying apart in a wider matrix: aligned for packs, odd, offset by one element, batched
+    strided = [((129, 4104), slice(0, 4096)), ((37, 1003), slice(0, 1000)), ((37, 1024), slice(1, 1001)),
+               ((3, 5, 1024), slice(0, 1000))]
+    for shape, cut in dense + strided:
         x = (torch.randn(shape, device="cuda") * 3 + 1).to(tdtype)
+        if cut is not None:
+            x = x[..., cut]
+            assert not x.is_contiguous()
+            shape = tuple(x.shape)
         w = torch.rand(shape[-1], device="cuda").add(0.5).to(tdtype)
         b = torch.randn(shape[-1], device="cuda").to(tdtype)
         args = {"rmsnorm": (w,), "layernorm": (w, b)}.get(op, ())

@@ -25,7 +25,7 @@ SUM = """
 using G = aicg::RowGroup<THREADS, TOPOLOGY>;
 const long long row = G::row();
 {guard}
-const T* xr = x + row * cols;
+const T* xr = x + row * x_stride;
 float acc = 0.0f;
 aicg::for_each<1>(xr, cols, G::lane(), G::lanes, false, [&](int j, float v) {{ {accumulate} }});
 acc = aicg::row_reduce<THREADS, TOPOLOGY>(acc, aicg::Sum());
@@ -42,7 +42,7 @@ using G = aicg::RowGroup<THREADS, TOPOLOGY>;
 const long long row = G::row();
 if (row >= rows) return;
 float acc = 0.0f;
-aicg::for_each<1>(x + row * cols, cols, G::lane(), G::lanes, false, [&](int, float v) { acc += v; });
+aicg::for_each<1>(x + row * x_stride, cols, G::lane(), G::lanes, false, [&](int, float v) { acc += v; });
 if (G::lane() == 0) y[row] = 0.0f;   // no barrier: other threads may add before this store
 atomicAdd(&y[row], acc);
 """

@@ -31,12 +31,20 @@ def instance(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(512, 4096), (3, 1), (37, 1000), (1, 65536), (3001, 33)])
-def test_fused_chains_match_float64(instance, dtype, shape):
+@pytest.mark.parametrize("shape, x_cols, r_cols", [
+    ((512, 4096), None, None), ((3, 1), None, None), ((37, 1000), None, None), ((1, 65536), None, None),
+    ((3001, 33), None, None),
+    ((37, 1000), 1024, None), ((129, 4096), 4104, 4099)])      # x, or x and r, slices of wider matrices
+def test_fused_chains_match_float64(instance, dtype, shape, x_cols, r_cols):
     torch = pytest.importorskip("torch")
     t = getattr(torch, dtype)
     rtol, atol = TOLERANCE[dtype]
-    x, r = (torch.randn(shape, device="cuda") * 2).to(t), (torch.randn(shape, device="cuda") * 2).to(t)
+
+    def matrix(wide_cols):
+        m = (torch.randn(shape[0], wide_cols or shape[1], device="cuda") * 2).to(t)
+        return m[:, :shape[1]]
+
+    x, r = matrix(x_cols), matrix(r_cols)
     b, w = torch.randn(shape[-1], device="cuda").to(t), torch.rand(shape[-1], device="cuda").add(0.5).to(t)
     xd, rd, bd, wd = x.double(), r.double(), b.double(), w.double()
 

@@ -61,6 +61,24 @@ def test_a_residual_is_offset_like_x(buffers):
     assert a1["r"][0] != a1["x"][0] and a2["w"] == a1["w"]
 
 
+def test_strided_rows_are_offset_by_the_stride_and_their_padding_is_poison(monkeypatch):
+    monkeypatch.setattr(check.driver, "Buffer", StandInBuffer)
+    op, dtype = OPERATORS["residual_rmsnorm"], DTYPES["float32"]
+    b, kernel = check.Buffers(op, dtype, 10, 7, stride=9), RecordingKernel("residual_rmsnorm")
+    b.launch(kernel, PARAMS, 0, 4)
+    b.launch(kernel, PARAMS, 4)
+    (_, _, a1), (_, _, a2) = kernel.launches
+    assert a1["x_stride"] == a1["r_stride"] == (9, "int")
+    assert a2["x"][0] - a1["x"][0] == a2["r"][0] - a1["r"][0] == 4 * 9 * 4
+    assert a2["y"][0] - a1["y"][0] == 4 * 7 * 4          # the output stays dense
+    import numpy as np
+    inputs = check.draw(op, dtype, 10, 7, 0, np.random.default_rng(0))
+    stored = b.stored(inputs)
+    x = stored["x"].reshape(10, 9)
+    assert np.array_equal(x[:, :7], inputs["x"]) and np.isnan(x[:, 7:]).all()
+    assert stored["w"] is inputs["w"]                      # vectors are dense
+    with pytest.raises(ValueError, match="shorter than a row"):
+        check.Buffers(op, dtype, 10, 7, stride=6)
 def test_long_rows_are_checked_on_fewer_rows_but_never_on_few():
     assert check.rows_checked(1) == check.rows_checked(4096) == check.ROWS_CHECKED
     assert check.rows_checked(32768) * 32768 <= check.ELEMENTS_CHECKED

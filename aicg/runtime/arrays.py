@@ -17,6 +17,11 @@ class DeviceArray:
     shape: tuple[int, ...]
     dtype: str
     device: int
+    row_stride: int     # elements from one row (last dimension) to the next; shape[-1] when dense
+
+    @property
+    def dense(self) -> bool:
+        return not self.shape or self.row_stride == self.shape[-1]
 
 
 def _dtype_name(view, obj) -> str:
@@ -26,8 +31,30 @@ def _dtype_name(view, obj) -> str:
         return str(getattr(obj, "dtype", "unknown")).rsplit(".", 1)[-1]
 
 
-def _contiguity_error(what: str, strides, shape) -> ValueError:
-    return ValueError(f"{what}: expected a contiguous array, got strides {tuple(strides)} for shape {shape}")
+def row_stride(what: str, shape: tuple[int, ...], strides) -> int:
+    """Elements from one row to the next, where the array is rows of contiguous elements lying
+    evenly apart (a slice of a wider matrix, say); a ValueError naming `what` otherwise."""
+    if not shape:
+        return 1
+    if strides is None:
+        return shape[-1]
+    cols = shape[-1]
+    if cols > 1 and strides[-1] != 1:
+        raise ValueError(f"{what}: expected contiguous rows (last stride 1), got strides {tuple(strides)} "
+                         f"for shape {shape}")
+    # Dimensions of one entry say nothing about spacing; the rest must nest evenly.
+    outer = [(n, st) for n, st in zip(shape[:-1], strides[:-1]) if n > 1]
+    if not outer:
+        return cols
+    step = outer[-1][1]
+    expected = step
+    for n, st in reversed(outer):
+        if st != expected:
+            raise ValueError(f"{what}: rows must lie evenly apart, got strides {tuple(strides)} for shape {shape}")
+        expected = st * n
+    if step < cols:
+        raise ValueError(f"{what}: rows overlap (row stride {step} for rows of {cols}), shape {shape}")
+    return step
 
 
 def _torch_view(t, what: str) -> DeviceArray:
@@ -35,9 +62,8 @@ def _torch_view(t, what: str) -> DeviceArray:
     if not t.is_cuda:
         raise TypeError(f"{what}: expected an array in GPU memory, got one in host memory")
     shape = tuple(t.shape)
-    if not t.is_contiguous():
-        raise _contiguity_error(what, t.stride(), shape)
-    return DeviceArray(t, t.data_ptr(), shape, str(t.dtype).rsplit(".", 1)[-1], t.device.index)
+    stride = shape[-1] if t.is_contiguous() else row_stride(what, shape, t.stride())
+    return DeviceArray(t, t.data_ptr(), shape, str(t.dtype).rsplit(".", 1)[-1], t.device.index, stride)
 
 
 def view(obj, what: str) -> DeviceArray:
@@ -51,14 +77,7 @@ def view(obj, what: str) -> DeviceArray:
     if not v.is_device_accessible or v.device_id < 0:
         raise TypeError(f"{what}: expected an array in GPU memory, got one in host memory")
     shape = tuple(v.shape)
-    if v.strides is not None:
-        expected, step = [], 1
-        for n in reversed(shape):
-            expected.insert(0, step)
-            step *= n
-        if any(s != e for s, e, n in zip(v.strides, expected, shape) if n > 1):
-            raise _contiguity_error(what, v.strides, shape)
-    return DeviceArray(obj, int(v.ptr), shape, _dtype_name(v, obj), v.device_id)
+    return DeviceArray(obj, int(v.ptr), shape, _dtype_name(v, obj), v.device_id, row_stride(what, shape, v.strides))
 
 
 def _framework(obj) -> str:

@@ -5,7 +5,10 @@
     y = inst.rmsnorm(x, w, eps=1e-6)
     y = inst.layernorm(x, w, b)
 
-Kernels run on the caller's current stream with no host synchronisation.
+x, and a fused operator's residual, may have rows lying evenly apart (a
+slice x[:, :n] of a wider matrix, last dimension contiguous): kernels take a
+row stride; w, b and out are contiguous. Kernels run on the caller's
+current stream with no host synchronisation.
 Each cubin is checked against the digest in the manifest before it is
 loaded. Kernels the build could not validate on the target are refused
 unless `allow_unvalidated=True`.
@@ -136,6 +139,8 @@ class OpKernels:
             shape = tuple(xv.shape) if name in op.matrices else (cols,)
             if vv.shape != shape or vv.dtype != xv.dtype:
                 raise ValueError(f"{name}: expected shape {shape} and dtype {xv.dtype}, got {vv.shape} {vv.dtype}")
+            if name not in op.matrices and not vv.dense:
+                raise ValueError(f"{name}: expected a contiguous vector, got one with stride {vv.row_stride}")
             vector_views.append(vv)
         out_shape = tuple(xv.shape) if op.output == "matrix" else tuple(xv.shape[:-1])
         if out is None:
@@ -143,12 +148,17 @@ class OpKernels:
         ov = arrays.view(out, "out")
         if ov.shape != out_shape or ov.dtype != xv.dtype:
             raise ValueError(f"out: expected shape {out_shape} and dtype {xv.dtype}, got {ov.shape} {ov.dtype}")
+        if not ov.dense:   # only inputs may be strided: kernels write their output densely
+            raise ValueError(f"out: expected a contiguous array, got rows {ov.row_stride} elements apart")
         if rows == 0 or cols == 0:
             return out
-        if rows >= 2**31 or cols >= 2**31:
-            raise ValueError(f"x: rows and cols must each be below 2**31, got {rows} x {cols}")
-        values = {"x": (xv.ptr, "ptr"), "y": (ov.ptr, "ptr"), "rows": (rows, "int"), "cols": (cols, "int")}
+        if rows >= 2**31 or cols >= 2**31 or max([xv.row_stride] + [v.row_stride for v in vector_views]) >= 2**31:
+            raise ValueError(f"x: rows, cols and row strides must each be below 2**31, got {rows} x {cols}")
+        values = {"x": (xv.ptr, "ptr"), "y": (ov.ptr, "ptr"), "rows": (rows, "int"), "cols": (cols, "int"),
+                  "x_stride": (xv.row_stride, "int")}
         values.update({name: (vv.ptr, "ptr") for name, vv in zip(named, vector_views)})
+        values.update({f"{name}_stride": (vv.row_stride, "int") for name, vv in zip(named, vector_views)
+                       if name in op.matrices})
         values.update({name: (float(scalars.get(name, default)), "float") for name, default in op.scalars})
         grid, block = codegen.launch_geometry(params, rows)
         kernel.launch(grid, block, [values[n] for n in entry["arguments"]],

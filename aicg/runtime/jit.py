@@ -47,7 +47,7 @@ class JitKernel:
 
 
 def _spills(resources: dict) -> bool:
-    """The build rejects a kernel that spills (local-memory traffic the plan did not pay for); so does the JIT."""
+    """The JIT passes over a kernel that spills: unlike the build, it does not time what the spill costs."""
     return bool(resources["spill_store_bytes"] + resources["spill_load_bytes"])
 
 

@@ -35,7 +35,8 @@ aicg::for_each<VEC>(row_ptr, cols, lane, lanes, vectorised, f), aicg::map_row<VE
 lane, lanes, vectorised, g), aicg::row_reduce<THREADS, TOPOLOGY>(value, op) with aicg::Sum / aicg::Max,
 aicg::to_float, aicg::from_float<T>. The launch has ceil(rows / rows_per_block) blocks of THREADS
 threads, rows_per_block = THREADS / lanes (lanes: 32 for topology "warp", THREADS for "block", 1 for
-"thread"). Declare every transformation your body uses, by rule name; an undeclared one is rejected.
+"thread"). Row r of x starts at x + r * x_stride (x_stride >= cols: x may be a slice of a wider
+matrix); y is dense. Declare every transformation your body uses, by rule name; an undeclared one is rejected.
 
 Answer with one JSON object and nothing else:
 {"threads": <int>, "topology": "warp"|"block"|"thread", "declares": [<rule names>], "body": "<C++>"}"""

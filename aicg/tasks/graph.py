@@ -48,7 +48,7 @@ class Layout:
     def kernels(self) -> Path: return self.root / "kernels"
 
 
-VALIDATION_PROTOCOL = 3
+VALIDATION_PROTOCOL = 4
 
 
 @dataclass
@@ -161,10 +161,9 @@ def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shap
     cubin, out = f"cubin/{cand.id}.cubin", f"validation/{cand.id}.json"
 
     def run(ctx) -> Result:
-        resources = json.loads(ctx.upstream(f"compile:{cand.id}", f"cubin/{cand.id}.json"))["resources"]
-        spilled = resources["spill_store_bytes"] + resources["spill_load_bytes"]
-        if spilled:   # a resource failure: local-memory traffic the plan did not pay for
-            return Result({out: to_json({"status": "rejected", "reason": f"spills {spilled} bytes to local memory"})})
+        # A kernel that spills is checked and timed like any other: ptxas spills at
+        # the register cap in paths a workload may never take (a row the kernel
+        # streams instead of holding), and the timing says what the spill costs.
         outcome = check(ctx.upstream(f"compile:{cand.id}", cubin), cand.params)
         return Result({out: to_json(outcome)}, cache=outcome["status"] != "unvalidated")
 

@@ -58,18 +58,35 @@ def draw(op: Operator, dtype: DType, rows: int, cols: int, trial: int, rng) -> d
 
 
 class Buffers:
-    """Device inputs and output for one (operator, dtype, shape)."""
+    """Device inputs and output for one (operator, dtype, shape). Input matrices may have rows
+    `stride` elements apart (stride >= cols); the padding between rows holds NaN bytes, so a
+    kernel that reads past a row's end (or ignores the stride) fails its check."""
 
-    def __init__(self, op: Operator, dtype: DType, rows: int, cols: int):
+    def __init__(self, op: Operator, dtype: DType, rows: int, cols: int, stride: int | None = None):
         self.op, self.dtype, self.rows, self.cols = op, dtype, rows, cols
+        self.stride = cols if stride is None else stride
+        if self.stride < cols:
+            raise ValueError(f"a row stride of {self.stride} elements is shorter than a row of {cols}")
         self.out_count = int(np.prod(op.output_shape(rows, cols)))
-        self.buffers = {name: driver.Buffer(rows * cols * dtype.size) for name in ("x", *op.matrices)}
+        self.buffers = {name: driver.Buffer(rows * self.stride * dtype.size) for name in op.input_matrices()}
         self.buffers["y"] = driver.Buffer(self.out_count * dtype.size)
         for name in op.vectors:
             self.buffers[name] = driver.Buffer(cols * dtype.size)
 
+    def stored(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The inputs as the device holds them: matrices widened to the row stride with poison."""
+        if self.stride == self.cols:
+            return inputs
+        out = dict(inputs)
+        for name in self.op.input_matrices():
+            a = inputs[name]
+            wide = np.full((self.rows, self.stride * a.dtype.itemsize), POISON_BYTE, dtype=np.uint8)
+            wide[:, :self.cols * a.dtype.itemsize] = np.ascontiguousarray(a).view(np.uint8).reshape(self.rows, -1)
+            out[name] = wide.view(a.dtype)
+        return out
+
     def upload(self, inputs: dict[str, np.ndarray]) -> None:
-        for name, host in inputs.items():
+        for name, host in self.stored(inputs).items():
             self.buffers[name].upload(host)
 
     def launch(self, kernel, params: dict, first_row: int = 0, rows: int | None = None) -> None:
@@ -78,9 +95,10 @@ class Buffers:
         if rows <= 0:   # the second half of a one-row split: nothing to launch (a grid of no blocks is an error)
             return
         out_row = self.out_count // self.rows * self.dtype.size
-        offsets = {name: first_row * self.cols * self.dtype.size for name in ("x", *self.op.matrices)}
+        offsets = {name: first_row * self.stride * self.dtype.size for name in self.op.input_matrices()}
         offsets["y"] = first_row * out_row
         values = {"rows": (rows, "int"), "cols": (self.cols, "int")}
+        values.update({name: (self.stride, "int") for name in self.op.stride_names()})
         values.update({name: (value, "float") for name, value in self.op.scalars})
         args = [values[n] if n in values else (self.buffers[n].ptr + offsets.get(n, 0), "ptr")
                 for n in self.op.argument_names()]
@@ -99,9 +117,10 @@ class Buffers:
         return self.buffers["y"].download(self.dtype.storage, self.out_count)
 
     def inputs_equal(self, inputs: dict[str, np.ndarray]) -> bool:
-        """Whether the device still holds exactly the inputs uploaded (kernels must not write them)."""
+        """Whether the device still holds exactly the inputs uploaded, padding included (kernels
+        must not write them)."""
         return all(self.buffers[n].download(a.dtype, a.size).tobytes() == np.ascontiguousarray(a).tobytes()
-                   for n, a in inputs.items())
+                   for n, a in self.stored(inputs).items())
 
     def free(self) -> None:
         for b in self.buffers.values():
@@ -162,8 +181,10 @@ def rows_checked(cols: int) -> int:
 
 
 def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, deterministic, bitwise, rng) -> list[dict]:
+    """`shape`: (rows, cols), or (rows, cols, row stride of the inputs)."""
     rows, cols = min(shape[0], rows_checked(shape[1])), shape[1]
-    buffers = Buffers(op, dtype, rows, cols)
+    stride = shape[2] if len(shape) > 2 else cols
+    buffers = Buffers(op, dtype, rows, cols, stride)
     results = []
     try:
         for trial in range(trials):
@@ -181,7 +202,7 @@ def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, determinis
             buffers.launch(kernel, params)
             driver.synchronize()
             reused = buffers.buffers["y"].download(dtype.storage, buffers.out_count)
-            result.update(shape=[rows, cols], trial=trial, input_intact=intact,
+            result.update(shape=[rows, cols] + ([stride] if stride != cols else []), trial=trial, input_intact=intact,
                           repeatable=first.tobytes() == again.tobytes() == split.tobytes())
             if bitwise:   # the float64 error is reported; the bits decide
                 result["bitwise_reference_order"] = _bitwise(op, dtype, inputs, first)
