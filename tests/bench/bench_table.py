@@ -20,7 +20,8 @@ def table_rows(results: dict) -> list[dict]:
         if "aicg" not in r:
             continue
         row = {"suite": suite, "op": op, "dtype": dtype, "shape": list(shape), "bytes": r["bytes"],
-               "aicg_kernel": r.get("aicg_kernel"), "validation": r.get("aicg_validation"),
+               "aicg_kernel": r.get("aicg_kernel"), "aicg_jit": r.get("aicg_jit", []),
+               "validation": r.get("aicg_validation"),
                "triton_validation": r.get("triton_validation"),
                "seconds": {k: r[k] for k in ("aicg", *PEERS, "copy") if k in r},
                "host_seconds": {k: r[f"{k}_host"] for k in ("aicg", *PEERS, "copy") if f"{k}_host" in r}}
