@@ -10,9 +10,9 @@ length) (clamped at the ends of the grid). The model carries what changes
 with the row count (filling the machine, rows held in L2); the measurement
 carries what the model cannot know about the realisation on this GPU. A
 shape of no more rows than the lab's few-row launches (a single row, one
-wave) takes their measured times instead, interpolated over log row length
-and log row count: what a launch of few rows costs (latency, scheduling) is
-not what the full launches calibrate.
+wave) is predicted by the model calibrated by those launches instead (the
+ratio interpolated over log row length and log row count): what a launch of
+few rows costs (latency, scheduling) is not what the full launches calibrate.
 
 Drift (the largest error against float64, relative to the operator's
 scale) and bit stability come with every record; legality reads them.
@@ -134,12 +134,16 @@ class MeasuredPrior:
                 few.setdefault(r["rows"], []).append(r)
         return full, few
 
-    def _few_rows(self, config_id: str) -> list[tuple[int, list[float], list[float]]]:
-        """(rows, log cols, log seconds) per few-row launch count the lab measured, fewest rows first."""
+    def _few_rows(self, config_id: str, family, dtype: str, p: dict) -> list[tuple[int, list[float], list[float]]]:
+        """(rows, log cols, log measured/modelled time) per few-row launch count the lab measured,
+        fewest rows first."""
         if config_id not in self._few:
             _, few = self._full_and_few(config_id)
-            self._few[config_id] = [(rows, [math.log(r["cols"]) for r in rs], [math.log(r["seconds"]) for r in rs])
-                                    for rows, rs in sorted(few.items())]
+            self._few[config_id] = [
+                (rows, [math.log(r["cols"]) for r in rs],
+                 [math.log(r["seconds"] / plan.predict_seconds(family, dtype, p, (rows, r["cols"]), self.hw))
+                  for r in rs])
+                for rows, rs in sorted(few.items())]
         return self._few[config_id]
 
     def _calibration(self, config_id: str, family, dtype: str, p: dict):
@@ -170,18 +174,20 @@ class MeasuredPrior:
             return None
         xs, ys, per_element, largest = found
         x = math.log(shape[1])
-        few = self._few_rows(config_id)
-        if few and shape[0] <= few[-1][0]:
-            # Within the few-row launches the lab timed: their times, interpolated over log row
-            # length and then over log row count (the model's calibration comes from full launches,
-            # whose costs, clusters scheduled or the machine filled, are not a few rows' costs).
-            counts = [math.log(rows) for rows, _, _ in few]
-            at_x = [_interpolate(cols, seconds, x) for _, cols, seconds in few]
-            return math.exp(_interpolate(counts, at_x, math.log(max(1, shape[0]))))
+        few = self._few_rows(config_id, family, dtype, p)
         by_bytes, by_waits = plan.model_terms(family, dtype, p, shape, self.hw)
+        if few and shape[0] <= few[-1][0]:
+            # Within the few-row launches the lab timed, the model calibrated by them instead,
+            # interpolated over log row length and then over log row count: the full launches'
+            # costs (the machine filled, clusters scheduled) are not a few rows' costs.
+            counts = [math.log(rows) for rows, _, _ in few]
+            at_x = [_interpolate(cols, ratios, x) for _, cols, ratios in few]
+            return max(by_bytes, by_waits) * math.exp(_interpolate(counts, at_x, math.log(max(1, shape[0]))))
         predicted = max(by_bytes * math.exp(_interpolate(xs, ys, x)), by_waits)
         if few:   # more rows never take less time than the most rows of the few-row launches
-            predicted = max(predicted, math.exp(_interpolate(few[-1][1], few[-1][2], x)))
+            rows = few[-1][0]
+            predicted = max(predicted, plan.predict_seconds(family, dtype, p, (rows, shape[1]), self.hw)
+                            * math.exp(_interpolate(few[-1][1], few[-1][2], x)))
         if shape[0] * shape[1] <= largest:
             return predicted
         return max(predicted, shape[0] * shape[1] * math.exp(_interpolate(xs, per_element, x)))
