@@ -123,7 +123,8 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
             for small, *_ in drift_cases.values():
                 small.free()
             check.release_timing_buffers()
-            mine = [r for r in records if r["dtype"] == dtype_name and r["id"] in {c.id for c in group}]
+            ids = {c.id for c in group}
+            mine = [r for r in records if r["id"] in ids]
             for cols in COLS:
                 full = max(r["rows"] for r in mine if r["cols"] == cols)
                 best = min((r for r in mine if r["cols"] == cols and r["rows"] == full), key=lambda r: r["seconds"])
