@@ -245,7 +245,8 @@ def test_the_summary_says_when_the_prior_measured_other_kernels_than_these(built
     from aicg.semantics import ruleset
     profile_path = built / "hwdb/nvidia-h200.realisation.json"
     data = json.loads(profile_path.read_text())
-    assert "kernels" not in data["provenance"]      # the committed profile predates the record
+    data["provenance"].pop("kernels", None)         # as a profile measured before the record was kept
+    profile_path.write_text(json.dumps(data))
     assert "does not record which kernels it measured" in doit(built, "build", PROFILE).output
     data["provenance"]["kernels"] = lab.kernel_digests(ruleset.load(built / "rulesets"), built / "kernels")
     profile_path.write_text(json.dumps(data))

@@ -109,7 +109,7 @@ def test_a_rule_whose_measured_drift_exceeds_the_bound_is_rejected_with_the_meas
     line = next(line for line in run.output.splitlines() if "rejected by measured drift: online_softmax" in line)
     assert f"rtol {bound:g}" in line and "realisation profile nvidia-h200.realisation.json (NVIDIA H200, " in line
     drift = float(line.split("the least, ")[1].split(" at")[0])
-    assert drift > bound
+    assert drift == pytest.approx(online, rel=5e-3)  # printed to 3 digits; the two may lie that close
     assert not any("rejected by measured drift: tree_reduction" in line for line in run.output.splitlines())
 
 
