@@ -12,18 +12,24 @@ from .ops import OPERATORS
 from .semantics.ruleset import Family
 
 ENTRY = "aicg_kernel"
-# How a row is split over threads: a warp, a block, one thread, n lanes of a warp (short rows),
-# or the n blocks of a thread-block cluster (long rows).
+# How a row is split over threads: a warp, a block, one thread, one thread serving eight rows
+# (tiny rows), n lanes of a warp (short rows), or the n blocks of a thread-block cluster (long rows).
 TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thread": "aicg::THREAD_PER_ROW",
+              "thread_rows8": "aicg::THREAD_PER_8_ROWS",
               "lanes4": "aicg::LANES_4_PER_ROW", "lanes8": "aicg::LANES_8_PER_ROW", "lanes16": "aicg::LANES_16_PER_ROW",
               "cluster2": "aicg::CLUSTER_2_PER_ROW", "cluster4": "aicg::CLUSTER_4_PER_ROW",
               "cluster8": "aicg::CLUSTER_8_PER_ROW"}
 BLOCKS_PER_ROW = {"cluster2": 2, "cluster4": 4, "cluster8": 8}    # any other topology: 1
-LANES_OF_A_WARP = {"warp": 32, "thread": 1, "lanes4": 4, "lanes8": 8, "lanes16": 16}   # the rest: whole blocks
+LANES_OF_A_WARP = {"warp": 32, "thread": 1, "thread_rows8": 1, "lanes4": 4, "lanes8": 8, "lanes16": 16}  # the rest: blocks
+ROWS_PER_THREAD = {"thread_rows8": 8}    # any other topology: 1
 
 
 def blocks_per_row(topology: str) -> int:
     return BLOCKS_PER_ROW.get(topology, 1)
+
+
+def rows_per_thread(topology: str) -> int:
+    return ROWS_PER_THREAD.get(topology, 1)
 
 
 def lanes_per_row(topology: str, threads: int) -> int:
@@ -58,5 +64,5 @@ def launch_geometry(params: dict, rows: int) -> tuple[int, int]:
     blocks = blocks_per_row(params["topology"])
     if blocks > 1:
         return rows * blocks, threads
-    rows_per_block = threads // lanes_per_row(params["topology"], threads)
+    rows_per_block = threads // lanes_per_row(params["topology"], threads) * rows_per_thread(params["topology"])
     return (rows + rows_per_block - 1) // rows_per_block, threads

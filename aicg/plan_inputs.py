@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .hw import Hardware
 
 LOADS_IN_FLIGHT = 4        # independent accesses per thread in the row kernels (row_access.cuh UNROLL)
+TINY_ROW = 4               # elements per row a thread serving several rows holds (row_access.cuh TINY_ROW)
 SECTOR_BYTES = 32          # the unit of a DRAM transaction
 SHARED_ROUND_TRIPS = 4     # a block reduction: write partials, barrier, read them, barrier
 

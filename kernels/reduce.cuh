@@ -13,11 +13,14 @@ namespace aicg {
 // walks it in one thread, in order: the reference order. CLUSTER_n_PER_ROW
 // splits a row over the n blocks of a thread-block cluster (sm_90), so that a
 // long row is several blocks' work: more rows' phases overlap on each SM, and
-// a launch of few rows reaches more SMs.
+// a launch of few rows reaches more SMs. THREAD_PER_8_ROWS is THREAD_PER_ROW
+// with each thread serving eight rows at once (tiny rows: a thread per row of
+// one element has one load in flight; eight rows' loads go out together).
 enum Topology {
   WARP_PER_ROW = 0, BLOCK_PER_ROW = 1, THREAD_PER_ROW = 2,
   LANES_4_PER_ROW = 4, LANES_8_PER_ROW = 8, LANES_16_PER_ROW = 16,
-  CLUSTER_2_PER_ROW = 102, CLUSTER_4_PER_ROW = 104, CLUSTER_8_PER_ROW = 108
+  CLUSTER_2_PER_ROW = 102, CLUSTER_4_PER_ROW = 104, CLUSTER_8_PER_ROW = 108,
+  THREAD_PER_8_ROWS = 208
 };
 
 struct Sum {
@@ -54,16 +57,23 @@ __device__ __forceinline__ float shfl_xor(float v, int offset, unsigned members)
 // blockIdx.x % blocks.
 template <int THREADS, int TOPOLOGY>
 struct RowGroup {
-  static constexpr int blocks = TOPOLOGY > 100 ? TOPOLOGY - 100 : 1;
-  static constexpr int lanes = TOPOLOGY == WARP_PER_ROW    ? 32
-                               : TOPOLOGY == BLOCK_PER_ROW  ? THREADS
-                               : TOPOLOGY == THREAD_PER_ROW ? 1
-                               : blocks > 1                 ? THREADS * blocks
-                                                            : TOPOLOGY;
-  static constexpr int rows_per_block = blocks > 1 ? 1 : THREADS / lanes;
-  __device__ static long long row() {
+  static constexpr int blocks = TOPOLOGY == CLUSTER_2_PER_ROW   ? 2
+                                : TOPOLOGY == CLUSTER_4_PER_ROW ? 4
+                                : TOPOLOGY == CLUSTER_8_PER_ROW ? 8
+                                                                : 1;
+  static constexpr int lanes = TOPOLOGY == WARP_PER_ROW      ? 32
+                               : TOPOLOGY == BLOCK_PER_ROW     ? THREADS
+                               : TOPOLOGY == THREAD_PER_ROW    ? 1
+                               : TOPOLOGY == THREAD_PER_8_ROWS ? 1
+                               : blocks > 1                    ? THREADS * blocks
+                                                               : TOPOLOGY;
+  static constexpr int rows_per_thread = TOPOLOGY == THREAD_PER_8_ROWS ? 8 : 1;
+  static constexpr int rows_per_block = blocks > 1 ? 1 : THREADS / lanes * rows_per_thread;
+  // The thread's row `u` of its rows_per_thread: a block's rows u are adjacent, so a warp's
+  // accesses to them meet in whole sectors when the rows are short.
+  __device__ static long long row(int u = 0) {
     if constexpr (blocks > 1) return blockIdx.x / blocks;
-    return (long long)blockIdx.x * rows_per_block + threadIdx.x / lanes;
+    return (long long)blockIdx.x * rows_per_block + u * (THREADS / lanes) + threadIdx.x / lanes;
   }
   __device__ static int lane() {
     if constexpr (blocks > 1) return (blockIdx.x % blocks) * THREADS + threadIdx.x;
