@@ -59,7 +59,7 @@ BAD = [
     ("families.toml", 'function = "aicg::rmsnorm"', 'function = "aicg::rmsnorm"\nthreads = [64]',
      "families.rmsnorm_tree.threads", "a known key"),
     ("families.toml", 'params.topology = ["warp", "block", "lanes4", "thread", "thread_rows8"]\n', "",
-     "families.softmax_twopass.params.topology", "a list of values (here or in [defaults])"),
+     "families.softmax_online.params.topology", "a list of values (here or in [defaults])"),
     ("families.toml", '{ param = "fast_exp", when = "true", rule = "fast_intrinsics" },\n  { param = "cache_packs", when = "true", rule = "register_staging" },\n]\n\n[families.softmax_online]',
      '{ param = "fast_exp", when = "true", rule = "fast_intrinsic" },\n  { param = "cache_packs", when = "true", rule = "register_staging" },\n]\n\n[families.softmax_online]',
      "families.softmax_twopass.param_rules[1].rule", "one of"),
