@@ -28,7 +28,7 @@ from .semantics.ruleset import Family
 PLAN_INPUTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
                "registers_per_sm", "dram_bandwidth", "l2_capacity", "cached_sweep_speedup", "launch_seconds",
                "saturating_bytes_per_sm", "uncoalesced_penalty", "block_reduction_seconds",
-               "dram_latency_seconds", "l2_latency_seconds")
+               "dram_latency_seconds", "l2_latency_seconds", "max_cluster_blocks")
 
 BASE_REGISTERS = 32             # a family's registers before it holds any of the row
 REGISTER_MARGIN = 16            # room for the sweeps' temporaries beside a held row
@@ -85,14 +85,19 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     dtype = DTYPES[dtype_name]
     op = OPERATORS[family.op]
     threads = p["threads"]
-    lanes = codegen.LANES_PER_ROW[p["topology"]](threads)
-    rows_per_block = threads // lanes
+    lanes = codegen.lanes_per_row(p["topology"], threads)
+    blocks_per_row = codegen.blocks_per_row(p["topology"])
+    rows_at_once = codegen.rows_per_thread(p["topology"])
+    rows_per_block = threads // lanes * rows_at_once if blocks_per_row == 1 else 1 / blocks_per_row
     blocks = math.ceil(rows / rows_per_block)
-    vec = p["vec_bytes"] // dtype.size if cols % max(1, p["vec_bytes"] // dtype.size) == 0 else 1
+    # A thread serving several tiny rows holds them element by element, all loaded at once.
+    tiny = rows_at_once > 1 and cols <= plan_inputs.TINY_ROW
+    vec = (p["vec_bytes"] // dtype.size if cols % max(1, p["vec_bytes"] // dtype.size) == 0 and not tiny
+           else 1)
 
     # Registers: a cached row costs one per element held, and caps occupancy.
-    held = p["cache_packs"] * vec
-    fits = held > 0 and cols <= lanes * held
+    held = plan_inputs.TINY_ROW * rows_at_once if tiny else p["cache_packs"] * vec
+    fits = tiny or (held > 0 and cols <= lanes * held)
     registers = BASE_REGISTERS + (held if fits else 0)
     blocks_per_sm = max(1, min(hw["max_blocks_per_sm"], hw["max_threads_per_sm"] // threads,
                                hw["registers_per_sm"] // (registers * threads)))
@@ -113,7 +118,9 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     # bytes in flight when the launch does not fill the machine.
     per_step = lanes * vec
     lane_use = cols / (math.ceil(cols / per_step) * per_step)
-    in_flight = resident_blocks * threads * vec * dtype.size * plan_inputs.LOADS_IN_FLIGHT
+    # A lane has LOADS_IN_FLIGHT accesses out at once, fewer when its share of the row is smaller.
+    accesses = rows_at_once * cols if tiny else min(plan_inputs.LOADS_IN_FLIGHT, math.ceil(cols / per_step))
+    in_flight = resident_blocks * threads * accesses * vec * dtype.size
     fill = min(1.0, in_flight / (hw["sm_count"] * hw["saturating_bytes_per_sm"]))
     # A thread per row: a warp's access touches 32 rows; wider accesses use more of each.
     # Rows no longer than a 32-byte sector lie side by side, so the warp reads whole sectors.
@@ -133,8 +140,8 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     row_seconds = groups * (hw["dram_latency_seconds"] + later * hw["l2_latency_seconds"])
 
     overhead = hw["launch_seconds"]
-    if p["topology"] == "block":
-        overhead += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1)
+    if lanes > 32:   # a block's reduction; a cluster's adds one more level like it
+        overhead += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1) * (1 + (blocks_per_row > 1))
     by_bytes = (dram_bytes + cached_bytes / hw["cached_sweep_speedup"]) / bandwidth
     return overhead + by_bytes, overhead + waves * row_seconds
 
@@ -152,6 +159,11 @@ def runnable_params(family: Family, dtype_name: str, hw: dict):
         if p["threads"] > hw["max_threads_per_block"] or p["threads"] % 32:
             continue
         if p["vec_bytes"] < dtype.size or p["vec_bytes"] % dtype.size:
+            continue
+        if codegen.blocks_per_row(p["topology"]) > hw["max_cluster_blocks"]:
+            continue
+        # A thread serving several rows holds them only while they are tiny, whatever CACHE says.
+        if codegen.rows_per_thread(p["topology"]) > 1 and p["cache_packs"]:
             continue
         # A held row and the sweeps' temporaries must fit in one thread's share
         # of the registers at a full block (the kernel's launch bound caps it

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .hw import Hardware
 
 LOADS_IN_FLIGHT = 4        # independent accesses per thread in the row kernels (row_access.cuh UNROLL)
+TINY_ROW = 4               # elements per row a thread serving several rows holds (row_access.cuh TINY_ROW)
 SECTOR_BYTES = 32          # the unit of a DRAM transaction
 SHARED_ROUND_TRIPS = 4     # a block reduction: write partials, barrier, read them, barrier
 
@@ -83,6 +84,9 @@ def resolve(hardware: Hardware, measured: bool = True) -> dict[str, PlanInput]:
     # Lanes a row apart (a thread per row): useful share of each 4-byte access.
     inputs["uncoalesced_penalty"] = fact("uncoalesced_penalty") or PlanInput(
         SECTOR_BYTES / 4, f"prior constant: a {SECTOR_BYTES}-byte sector per 4-byte access")
+
+    # Blocks that may share a row through distributed shared memory (thread-block clusters, sm_90 on).
+    inputs["max_cluster_blocks"] = fact("max_cluster_blocks") or PlanInput(1, "prior constant: no thread-block clusters")
 
     latency = fact("shared_latency_cycles")
     inputs["block_reduction_seconds"] = (

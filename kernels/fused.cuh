@@ -89,6 +89,7 @@ __device__ __forceinline__ void bias_gelu_residual(const T* __restrict__ x, cons
                                                    const T* __restrict__ b, T* __restrict__ y, int rows, int cols,
                                                    int x_stride, int r_stride) {
   using G = RowGroup<THREADS, TOPOLOGY>;
+  static_assert(G::rows_per_thread == 1, "fused chains serve one row per thread");
   const long long row = G::row();
   if (row >= rows) return;
   map_pair<VEC>(x + row * x_stride, r + row * r_stride, b, y + row * cols, cols, G::lane(), G::lanes,
@@ -105,6 +106,7 @@ __device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const 
                                                  const T* __restrict__ w, T* __restrict__ y, int rows, int cols,
                                                  int x_stride, int r_stride, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
+  static_assert(G::rows_per_thread == 1, "fused chains serve one row per thread");
   const long long row = G::row();
   if (row >= rows) return;
   const T* xr = x + row * x_stride;

@@ -12,12 +12,8 @@ template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CAC
 __device__ __forceinline__ void rmsnorm(const T* __restrict__ x, const T* __restrict__ w,
                                         T* __restrict__ y, int rows, int cols, int x_stride,
                                         float eps) {
-  using G = RowGroup<THREADS, TOPOLOGY>;
-  const long long row = G::row();
-  if (row >= rows) return;
-  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
-                       rows_vectorisable<VEC>(cols, x_stride, x, w, y),
-                       [&](auto& r) {
+  each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, w, y),
+                                          [&](long long row, auto& r) {
     float ss = 0.0f;
     r.each([&](int, float v) { ss += v * v; });
     ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
@@ -31,12 +27,8 @@ template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CAC
 __device__ __forceinline__ void layernorm_twopass(const T* __restrict__ x, const T* __restrict__ w,
                                                   const T* __restrict__ b, T* __restrict__ y,
                                                   int rows, int cols, int x_stride, float eps) {
-  using G = RowGroup<THREADS, TOPOLOGY>;
-  const long long row = G::row();
-  if (row >= rows) return;
-  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
-                       rows_vectorisable<VEC>(cols, x_stride, x, w, b, y),
-                       [&](auto& r) {
+  each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, w, b, y),
+                                          [&](long long row, auto& r) {
     float s = 0.0f;
     r.each([&](int, float v) { s += v; });
     const float mean = row_reduce<THREADS, TOPOLOGY>(s, Sum()) / cols;
@@ -53,12 +45,8 @@ template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CAC
 __device__ __forceinline__ void layernorm_welford(const T* __restrict__ x, const T* __restrict__ w,
                                                   const T* __restrict__ b, T* __restrict__ y,
                                                   int rows, int cols, int x_stride, float eps) {
-  using G = RowGroup<THREADS, TOPOLOGY>;
-  const long long row = G::row();
-  if (row >= rows) return;
-  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
-                       rows_vectorisable<VEC>(cols, x_stride, x, w, b, y),
-                       [&](auto& r) {
+  each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, w, b, y),
+                                          [&](long long row, auto& r) {
     const MergeWelford merge;
     Welford st = merge.identity();
     r.each([&](int, float v) { st = merge.add(st, v); });

@@ -2,6 +2,7 @@
 // every row start is aligned for it, one element per access otherwise.
 #pragma once
 #include "aicg_types.cuh"
+#include "reduce.cuh"
 
 namespace aicg {
 
@@ -169,8 +170,11 @@ struct RowCache {
   __device__ __forceinline__ int start(int u) const { return (lane + u * lanes) * V; }
   __device__ __forceinline__ bool holds(int u) const { return FULL || u < held; }
 
-  __device__ __forceinline__ RowCache(const T* row, int cols_, int lane_, int lanes_)
-      : cols(cols_), lane(lane_), lanes(lanes_), held((cols_ / V - lane_ + lanes_ - 1) / lanes_) {
+  RowCache() = default;
+  __device__ __forceinline__ RowCache(const T* row, int cols_, int lane_, int lanes_) { load(row, cols_, lane_, lanes_); }
+
+  __device__ __forceinline__ void load(const T* row, int cols_, int lane_, int lanes_) {
+    cols = cols_, lane = lane_, lanes = lanes_, held = (cols_ / V - lane_ + lanes_ - 1) / lanes_;
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
@@ -212,6 +216,11 @@ struct RowCache {
   }
 };
 
+// Rows of at most TINY_ROW elements are held element by element when a thread
+// serves several rows (THREAD_PER_8_ROWS), so that all its rows' loads are in
+// flight before the first is used (aicg/plan.py models the same bound).
+constexpr int TINY_ROW = 4;
+
 // Whether a row object (as a body sees it, by reference) holds its row in registers.
 template <typename R> struct held_in_registers { static constexpr bool value = R::in_registers; };
 template <typename R> struct held_in_registers<R&> : held_in_registers<R> {};
@@ -239,6 +248,37 @@ __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int l
   }
   RowStream<V, T> streamed{row, cols, lane, lanes, vectorised};
   body(streamed);
+}
+
+// body(row, r) for each row this thread serves, r as with_row gives it. A
+// thread serving several rows loads all of them first when they are tiny;
+// each row still meets its elements in order, so the bits are those of one
+// row per thread.
+template <int THREADS, int TOPOLOGY, int V, int CACHE, typename T, typename Body>
+__device__ __forceinline__ void each_row(const T* x, int rows, int cols, int x_stride, bool vectorised, Body&& body) {
+  using G = RowGroup<THREADS, TOPOLOGY>;
+  constexpr int R = G::rows_per_thread;
+  if constexpr (R == 1) {
+    const long long row = G::row();
+    if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
+    with_row<V, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes, vectorised, [&](auto& r) { body(row, r); });
+  } else {
+    static_assert(G::lanes == 1, "several rows per thread: one lane per row");
+    if (cols <= TINY_ROW) {
+      RowCache<1, TINY_ROW, T, false> held[R];
+#pragma unroll
+      for (int u = 0; u < R; ++u)
+        if (G::row(u) < rows) held[u].load(x + G::row(u) * x_stride, cols, 0, 1);
+#pragma unroll
+      for (int u = 0; u < R; ++u)
+        if (G::row(u) < rows) body(G::row(u), held[u]);
+    } else {
+      for (int u = 0; u < R; ++u) {
+        const long long row = G::row(u);
+        if (row < rows) with_row<V, CACHE>(x + row * x_stride, cols, 0, 1, vectorised, [&](auto& r) { body(row, r); });
+      }
+    }
+  }
 }
 
 }  // namespace aicg

@@ -9,14 +9,14 @@ namespace aicg {
 template <typename T, int THREADS, int VEC, int TOPOLOGY, typename Op>
 __device__ __forceinline__ void reduce_rows(const T* __restrict__ x, T* __restrict__ y, int rows,
                                             int cols, int x_stride, Op op) {
-  using G = RowGroup<THREADS, TOPOLOGY>;
-  const long long row = G::row();
-  if (row >= rows) return;
-  const bool vec = rows_vectorisable<VEC>(cols, x_stride, x);
-  float acc = op.identity();
-  for_each<VEC>(x + row * x_stride, cols, G::lane(), G::lanes, vec, [&](int, float v) { acc = op(acc, v); });
-  acc = row_reduce<THREADS, TOPOLOGY>(acc, op);
-  if (G::lane() == 0) y[row] = from_float<T>(acc);
+  // CACHE 0: a row is streamed (one sweep reads each element once), unless a thread serves tiny rows.
+  each_row<THREADS, TOPOLOGY, VEC, 0>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x),
+                                      [&](long long row, auto& r) {
+    float acc = op.identity();
+    r.each([&](int, float v) { acc = op(acc, v); });
+    acc = row_reduce<THREADS, TOPOLOGY>(acc, op);
+    if (RowGroup<THREADS, TOPOLOGY>::lane() == 0) y[row] = from_float<T>(acc);
+  });
 }
 
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>

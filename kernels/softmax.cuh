@@ -2,7 +2,7 @@
 //   T         element type (float or aicg::bf16); arithmetic in float
 //   THREADS   threads per block
 //   VEC       elements per access when rows allow it (see row_access.cuh)
-//   TOPOLOGY  WARP_PER_ROW, BLOCK_PER_ROW or THREAD_PER_ROW (see reduce.cuh)
+//   TOPOLOGY  how a row is split over threads (see reduce.cuh)
 //   FAST_EXP  __expf instead of expf
 //   CACHE     packs per thread held in registers between sweeps (0: re-read)
 // Input rows lie x_stride elements apart (cols for a dense matrix); y is dense.
@@ -20,12 +20,8 @@ namespace aicg {
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
                                                 int rows, int cols, int x_stride) {
-  using G = RowGroup<THREADS, TOPOLOGY>;
-  const long long row = G::row();
-  if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
-  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
-                       rows_vectorisable<VEC>(cols, x_stride, x, y),
-                       [&](auto& r) {
+  each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
+                                          [&](long long row, auto& r) {
     float m = ShiftMax().identity();
     r.each([&](int, float v) { m = ShiftMax()(m, v); });
     m = row_reduce<THREADS, TOPOLOGY>(m, ShiftMax());
@@ -48,12 +44,8 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_online(const T* __restrict__ x, T* __restrict__ y,
                                                int rows, int cols, int x_stride) {
-  using G = RowGroup<THREADS, TOPOLOGY>;
-  const long long row = G::row();
-  if (row >= rows) return;
-  with_row<VEC, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes,
-                       rows_vectorisable<VEC>(cols, x_stride, x, y),
-                       [&](auto& r) {
+  each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
+                                          [&](long long row, auto& r) {
     const MergeMaxSum<FAST_EXP> merge;
     MaxSum state = merge.identity();
     r.each([&](int, float v) { state = merge.add(state, v); });

@@ -23,6 +23,10 @@ RECORDED = [   # (run, summary line the table ends with)
                                   "and Triton, 100 validated, 58 at >= 0.9x the best peer"),
     ("2026-12-01-h200-grid-jit-timed.json", "71 cases: 6 at >= 95% of the copy, 18 at >= 1.0x both "
                                             "torch.compile and Triton, 71 validated, 41 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-4.json", "14 cases: 7 at >= 95% of the copy, 0 at >= 1.0x both torch.compile "
+                                          "and Triton, 14 validated, 14 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-few-rows-and-tiny.json", "40 cases: 5 at >= 95% of the copy, 7 at >= 1.0x both "
+                                                    "torch.compile and Triton, 40 validated, 14 at >= 0.9x the best peer"),
 ]
 
 

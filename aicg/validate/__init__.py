@@ -10,10 +10,12 @@ from ..hw import Hardware
 from ..runtime import driver
 
 
-# Sizes off every block and vector width, and many rows of a short length;
-# then rows lying apart in a wider matrix (rows, cols, row stride): a stride
-# that keeps packs aligned, and one that allows no packs.
-AWKWARD_SHAPES = ((3, 1), (5, 7), (37, 1000), (9, 4097), (3001, 33), (37, 1000, 1024), (9, 4096, 4099))
+# Sizes off every block and vector width, and many rows of a short length
+# (tiny rows, several to a thread, not filling the last block's rows); then
+# rows lying apart in a wider matrix (rows, cols, row stride): a stride that
+# keeps packs aligned, one that allows no packs, and tiny rows apart.
+AWKWARD_SHAPES = ((3, 1), (2051, 3), (5, 7), (37, 1000), (9, 4097), (3001, 33),
+                  (37, 1000, 1024), (9, 4096, 4099), (1027, 2, 5))
 
 
 def settings(prof, dtype: str, timed_shapes, checked_shapes=()) -> dict:
