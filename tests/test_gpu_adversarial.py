@@ -56,6 +56,7 @@ WRONG_KERNELS = {
     "races between threads": RACY,
     "right only on its tuned sizes": body(accumulate="if (j < cols - cols % 32) acc += v;"),
     "modifies its input": body(store="y[row] = acc; const_cast<T*>(xr)[0] = 0.0f;"),
+    "writes past its output": body(store="y[row] = acc; if (row == rows - 1) y[rows] = acc;"),
     "does no work where the timer looks": body(guard="if (row >= rows || rows > 4000) return;"),
 }
 

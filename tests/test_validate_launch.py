@@ -97,3 +97,55 @@ def test_a_failed_validation_says_what_it_found_first():
         "implausibly fast at [[2048, 4096]]")
     assert why_failed({"status": "passed", "checks": [passed]}) == ""
     assert why_failed({"status": "unvalidated", "reason": "no GPU on this machine"}) == "no GPU on this machine"
+
+
+class MemoryBuffer:
+    """Device memory as host bytes, found again by the address a kernel is given."""
+    by_ptr: dict[int, "MemoryBuffer"] = {}
+
+    def __init__(self, nbytes):
+        self.nbytes, self.bytes = nbytes, bytearray(nbytes)
+        self.ptr = (len(MemoryBuffer.by_ptr) + 1) << 32
+        MemoryBuffer.by_ptr[self.ptr] = self
+
+    def fill_byte(self, value, stream=0):
+        self.bytes[:] = bytes([value]) * self.nbytes
+
+    def download(self, dtype, count):
+        import numpy as np
+        return np.frombuffer(bytes(self.bytes), dtype=dtype, count=count).copy()
+
+    def upload(self, host):
+        pass
+
+    @classmethod
+    def at(cls, address):
+        base = max(p for p in cls.by_ptr if p <= address)
+        return cls.by_ptr[base], address - base
+
+
+class RowSumWriting:
+    """A row sum that writes 1.0 to each output of its rows, and `extra` elements beyond them
+    (negative: before the first)."""
+
+    def __init__(self, extra=0):
+        self.extra, self.names = extra, OPERATORS["row_sum"].argument_names()
+
+    def launch(self, grid, block, args, stream=0, shared_bytes=0):
+        import struct
+        named = dict(zip(self.names, args))
+        buffer, at = MemoryBuffer.at(named["y"][0])
+        rows = named["rows"][0]
+        first, last = (min(0, self.extra), rows + max(0, self.extra))
+        for i in range(first, last):
+            buffer.bytes[at + 4 * i:at + 4 * i + 4] = struct.pack("<f", 1.0)
+
+
+@pytest.mark.parametrize("extra, outside", [(0, False), (1, True), (-1, True)])
+def test_a_kernel_writing_outside_its_output_is_seen(monkeypatch, extra, outside):
+    monkeypatch.setattr(check.driver, "Buffer", MemoryBuffer)
+    monkeypatch.setattr(check.driver, "synchronize", lambda: None)
+    b = check.Buffers(OPERATORS["row_sum"], DTYPES["float32"], 10, 7)
+    y = b.run_poisoned(RowSumWriting(extra), PARAMS)
+    assert y.view("float32").tolist() == [1.0] * 10    # the output itself, guards left out
+    assert b.wrote_outside is outside

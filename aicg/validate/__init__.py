@@ -79,7 +79,9 @@ def why_failed(report: dict) -> str:
         found = [f"{c['unwritten']} outputs unwritten"] if c.get("unwritten") else []
         if not c.get("within_bound", True) or c.get("bitwise_reference_order") is False:
             found.append(f"error {c['worst_error_over_bound']:.3g}x the bound (max |y - ref| {c['max_abs_error']:.3g})")
-        found += [what for key, what in (("input_intact", "input overwritten"), ("repeatable", "bits differ between runs"),
+        found += [what for key, what in (("input_intact", "input overwritten"),
+                                         ("output_bounds_kept", "wrote outside its output"),
+                                         ("repeatable", "bits differ between runs"),
                                          ("fresh_output", "a second input gave a wrong output")) if c.get(key) is False]
         return f"{c['shape'][0]}x{c['shape'][1]} trial {c['trial']}: {', '.join(found) or 'check failed'}"
     if report.get("implausibly_fast"):

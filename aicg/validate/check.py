@@ -41,6 +41,10 @@ MIN_ROWS_CHECKED = 64
 ELEMENTS_CHECKED = 1 << 21
 PLAUSIBLE_FRACTION = 1.1  # of the datasheet DRAM bandwidth: no honest launch moves its bytes faster
 POISON_BYTE = 0xFF     # all-ones bytes are a NaN in float32 and in bfloat16
+# Poisoned bytes on either side of the output, read back after every checked launch: a kernel
+# that writes outside its output would corrupt a caller's memory and pass every other check.
+# 256 keeps the output as aligned as its allocation.
+OUTPUT_GUARD_BYTES = 256
 WARMUP = 3
 
 
@@ -69,7 +73,8 @@ class Buffers:
             raise ValueError(f"a row stride of {self.stride} elements is shorter than a row of {cols}")
         self.out_count = int(np.prod(op.output_shape(rows, cols)))
         self.buffers = {name: driver.Buffer(rows * self.stride * dtype.size) for name in op.input_matrices()}
-        self.buffers["y"] = driver.Buffer(self.out_count * dtype.size)
+        self.buffers["y"] = driver.Buffer(self.out_count * dtype.size + 2 * OUTPUT_GUARD_BYTES)
+        self.wrote_outside = False   # whether any launch checked so far wrote into the guards
         for name in op.vectors:
             self.buffers[name] = driver.Buffer(cols * dtype.size)
 
@@ -96,7 +101,7 @@ class Buffers:
             return
         out_row = self.out_count // self.rows * self.dtype.size
         offsets = {name: first_row * self.stride * self.dtype.size for name in self.op.input_matrices()}
-        offsets["y"] = first_row * out_row
+        offsets["y"] = OUTPUT_GUARD_BYTES + first_row * out_row
         values = {"rows": (rows, "int"), "cols": (self.cols, "int")}
         values.update({name: (self.stride, "int") for name in self.op.stride_names()})
         values.update({name: (value, "float") for name, value in self.op.scalars})
@@ -114,7 +119,15 @@ class Buffers:
             self.launch(kernel, params, 0, split)
             self.launch(kernel, params, split)
         driver.synchronize()
-        return self.buffers["y"].download(self.dtype.storage, self.out_count)
+        return self.output()
+
+    def output(self) -> np.ndarray:
+        """The output as stored; notes in `wrote_outside` whether the guards around it changed."""
+        y = self.buffers["y"]
+        whole = y.download(np.uint8, y.nbytes)
+        guards = np.concatenate([whole[:OUTPUT_GUARD_BYTES], whole[y.nbytes - OUTPUT_GUARD_BYTES:]])
+        self.wrote_outside |= bool(np.any(guards != POISON_BYTE))
+        return whole[OUTPUT_GUARD_BYTES:y.nbytes - OUTPUT_GUARD_BYTES].view(self.dtype.storage)
 
     def inputs_equal(self, inputs: dict[str, np.ndarray]) -> bool:
         """Whether the device still holds exactly the inputs uploaded, padding included (kernels
@@ -210,8 +223,9 @@ def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, determinis
             buffers.upload(fresh)
             buffers.launch(kernel, params)
             driver.synchronize()
-            reused = buffers.buffers["y"].download(dtype.storage, buffers.out_count)
+            reused = buffers.output()
             result.update(shape=[rows, cols] + ([stride] if stride != cols else []), trial=trial, input_intact=intact,
+                          output_bounds_kept=not buffers.wrote_outside,
                           repeatable=first.tobytes() == again.tobytes() == split.tobytes())
             if bitwise:   # the float64 error is reported; the bits decide
                 result["bitwise_reference_order"] = _bitwise(op, dtype, inputs, first)
@@ -220,7 +234,7 @@ def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, determinis
             else:
                 result["fresh_output"] = _compare(op, dtype, fresh, reused, rows, cols, tolerance)["within_bound"]
                 accurate = result["within_bound"]
-            result["passed"] = (accurate and result["fresh_output"] and intact
+            result["passed"] = (accurate and result["fresh_output"] and intact and result["output_bounds_kept"]
                                 and (result["repeatable"] or not deterministic))
             results.append(result)
     finally:
