@@ -241,7 +241,9 @@ def _predict(family: Family, dtype_name: str, p: dict, shapes, hw: dict, measure
     if measured is not None:
         times = [measured(family, dtype_name, p, s) for s in shapes]
         if None not in times:
-            return tuple(times), measured.profile.source()
+            timed_as = measured.measured_as(family, dtype_name, p)
+            note = "" if timed_as == dtype_name else f" ({dtype_name} timed as {timed_as}: the same element size)"
+            return tuple(times), measured.profile.source() + note
     return tuple(predict_seconds(family, dtype_name, p, s, hw) for s in shapes), "datasheet model"
 
 

@@ -64,6 +64,20 @@ def test_a_realisation_never_measured_falls_back_to_the_datasheet_model(h200, sh
     assert source == "datasheet model" and times == (plan.predict_seconds(family, "float32", p, (100, 100), inputs),)
 
 
+def test_float16_is_timed_as_bfloat16_but_never_borrows_its_drift(h200, shipped_ruleset):
+    """The lab measures float32 and bfloat16; a float16 realisation moves the bytes of a bfloat16 one."""
+    _, inputs, recorded, prior = h200
+    r = next(r for r in recorded.records if r["dtype"] == "bfloat16" and r["family"] == "rmsnorm_tree")
+    family = shipped_ruleset.families["rmsnorm_tree"]
+    shape = (4096, 1000)
+    assert prior.measured_as(family, "float16", r["params"]) == "bfloat16"
+    assert prior(family, "float16", r["params"], shape) == prior(family, "bfloat16", r["params"], shape)
+    times, source = plan._predict(family, "float16", r["params"], [shape], inputs, prior)
+    assert source.endswith("(float16 timed as bfloat16: the same element size)")
+    assert prior.drift(plan.candidate_id(family.name, "float16", r["params"]), 4096) is None
+    assert prior.measured_as(family, "bfloat16", r["params"]) == "bfloat16"
+
+
 def _accuracy(repo):
     spec = importlib.util.spec_from_file_location("plan_accuracy", repo / "tests/bench/plan_accuracy.py")
     module = importlib.util.module_from_spec(spec)

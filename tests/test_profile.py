@@ -5,7 +5,7 @@ from aicg.ops import OPERATORS
 
 WORKLOAD = """[[workload]]
 ops = ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]
-dtypes = ["float32", "bfloat16"]
+dtypes = ["float32", "bfloat16", "float16"]
 shapes = [[32768, 4096], [4096, 32768], [8192, 1000], [65536, 128]]
 """
 
@@ -60,7 +60,7 @@ def test_workload_entries_merge_per_operator(default_profile, edit, shipped_rule
     edit(default_profile, WORKLOAD, WORKLOAD + '\n[[workload]]\nops = ["softmax"]\ndtypes = ["float32"]\n'
          'shapes = [[8192, 1000], [7, 9]]\n')
     softmax = profile.load(default_profile, shipped_ruleset, repo / "hwdb").workload["softmax"]
-    assert softmax.dtypes == ("float32", "bfloat16")
+    assert softmax.dtypes == ("float32", "bfloat16", "float16")
     assert softmax.shapes == ((32768, 4096), (4096, 32768), (8192, 1000), (65536, 128), (7, 9))
 
 
@@ -71,7 +71,7 @@ BAD = [
     ("forbid = []", 'forbid = ["tree_reductoin"]', "rules.forbid", "one of 'atomics', 'fast_intrinsics'"),
     ("forbid = []", 'select = ["onlinesoftmax"]', "rules.select", "one of 'atomics', 'fast_intrinsics'"),
     ("forbid = []", 'forbid = "welford"', "rules.forbid", "an array"),
-    ('dtypes = ["float32", "bfloat16"]', 'dtypes = ["float32", "float64"]', "workload[0].dtypes",
+    ('dtypes = ["float32", "bfloat16", "float16"]', 'dtypes = ["float32", "float64"]', "workload[0].dtypes",
      "one of 'bfloat16', 'float16', 'float32'"),
     ('target = "nvidia-h200"', 'target = "h300"', "instance.target", "a hwdb entry in"),
     ('preservation = "tolerance"', 'preservation = "strict"', "instance.preservation", "one of 'bitwise'"),
@@ -84,7 +84,7 @@ BAD = [
     ("[65536, 128]", "5", "workload[0].shapes", "an array of"),
     ("candidates_per_family = 4", "candidates_per_family = 0", "plan.candidates_per_family", "an integer >= 1"),
     ("candidates_per_family = 4", "candidate_per_family = 4", "plan.candidate_per_family", "a known key"),
-    ('dtypes = ["float32", "bfloat16"]\n', 'dtypes = ["float32", "bfloat16"]\nshape = [[1, 2]]\n',
+    ('dtypes = ["float32", "bfloat16", "float16"]\n', 'dtypes = ["float32", "bfloat16", "float16"]\nshape = [[1, 2]]\n',
      "workload[0].shape", "a known key"),
     ("[rules]\n", '[preservation]\norder = "sorted"\n\n[rules]\n', "preservation.order", "one of 'any'"),
     ("[rules]\n", '[preservation]\nspeed = "max"\n\n[rules]\n', "preservation.speed", "a known key"),

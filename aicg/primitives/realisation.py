@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import cas, digest, plan
+from ..dtypes import DTYPES
 from ..errors import InputError
 
 SCHEMA = 1
@@ -177,6 +178,9 @@ class MeasuredPrior:
         A shape larger than the lab's launches is never predicted faster per element than the
         lab measured: those launches already saturate the memory system, and the model's
         credit for rows that a partial wave runs for free does not survive more rows."""
+        dtype = self.measured_as(family, dtype, p)
+        if dtype is None:
+            return None
         config_id = plan.candidate_id(family.name, dtype, p)
         found = self._calibration(config_id, family, dtype, p)
         if found is None:
@@ -200,6 +204,17 @@ class MeasuredPrior:
         if shape[0] * shape[1] <= largest:
             return predicted
         return max(predicted, shape[0] * shape[1] * math.exp(_interpolate(xs, per_element, x)))
+
+    def measured_as(self, family, dtype: str, p: dict) -> str | None:
+        """The dtype whose measurements of this realisation predict its time in `dtype`: `dtype`
+        itself where the lab measured it, else a measured dtype of the same element size (the
+        kernels move the same bytes and compute in float alike; float16 is timed as bfloat16),
+        else None. Drift is never borrowed: it depends on the dtype's rounding."""
+        size = DTYPES[dtype].size
+        for other in (dtype, *sorted(d for d in DTYPES if d != dtype and DTYPES[d].size == size)):
+            if plan.candidate_id(family.name, other, p) in self._records:
+                return other
+        return None
 
     def drift(self, config_id: str, max_cols: int) -> tuple[float, int] | None:
         """(largest drift measured up to max_cols, at which row length), or None if never measured."""

@@ -108,6 +108,8 @@ def report(measured_path: str, realisation_path: str | None = None) -> dict:
         for op, (decided, pool) in planned.items():
             for dtype in prof.workload[op].dtypes:
                 mine = [c for c in pool if c.dtype == dtype and c.id in timed]
+                if not mine:   # a dtype the recorded run did not time (it predates float16 in the profile)
+                    continue
                 total += len(mine)
                 picked = []
                 for family in {c.family for c in mine}:
