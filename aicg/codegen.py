@@ -12,11 +12,22 @@ from .ops import OPERATORS
 from .semantics.ruleset import Family
 
 ENTRY = "aicg_kernel"
-# How a row is split over threads: a warp, a block, one thread, or n lanes of a warp (short rows).
+# How a row is split over threads: a warp, a block, one thread, n lanes of a warp (short rows),
+# or the n blocks of a thread-block cluster (long rows).
 TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thread": "aicg::THREAD_PER_ROW",
-              "lanes4": "aicg::LANES_4_PER_ROW", "lanes8": "aicg::LANES_8_PER_ROW", "lanes16": "aicg::LANES_16_PER_ROW"}
-LANES_PER_ROW = {"warp": lambda threads: 32, "block": lambda threads: threads, "thread": lambda threads: 1,
-                 "lanes4": lambda threads: 4, "lanes8": lambda threads: 8, "lanes16": lambda threads: 16}
+              "lanes4": "aicg::LANES_4_PER_ROW", "lanes8": "aicg::LANES_8_PER_ROW", "lanes16": "aicg::LANES_16_PER_ROW",
+              "cluster2": "aicg::CLUSTER_2_PER_ROW", "cluster4": "aicg::CLUSTER_4_PER_ROW",
+              "cluster8": "aicg::CLUSTER_8_PER_ROW"}
+BLOCKS_PER_ROW = {"cluster2": 2, "cluster4": 4, "cluster8": 8}    # any other topology: 1
+LANES_OF_A_WARP = {"warp": 32, "thread": 1, "lanes4": 4, "lanes8": 8, "lanes16": 16}   # the rest: whole blocks
+
+
+def blocks_per_row(topology: str) -> int:
+    return BLOCKS_PER_ROW.get(topology, 1)
+
+
+def lanes_per_row(topology: str, threads: int) -> int:
+    return LANES_OF_A_WARP.get(topology) or threads * blocks_per_row(topology)
 
 
 def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> str:
@@ -27,12 +38,14 @@ def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> 
                      "true" if params["fast_exp"] else "false", str(params["cache_packs"])]
     settings = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
     signature = ",\n    ".join(op.kernel_params(dtype.ctype))
+    blocks = blocks_per_row(params["topology"])
+    cluster = f"__cluster_dims__({blocks}, 1, 1) " if blocks > 1 else ""
     return (
         f"// aicg candidate {candidate_id}\n"
         f"// family {family.name} ({family.header}), dtype {dtype_name}, {settings}\n"
         f'#include "{family.header}"\n'
         f"\n"
-        f'extern "C" __global__ void __launch_bounds__({params["threads"]})\n'
+        f'extern "C" __global__ void {cluster}__launch_bounds__({params["threads"]})\n'
         f"{ENTRY}(\n    {signature}) {{\n"
         f"  {family.function}<{', '.join(template_args)}>({', '.join(op.argument_names())});\n"
         f"}}\n"
@@ -42,5 +55,8 @@ def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> 
 def launch_geometry(params: dict, rows: int) -> tuple[int, int]:
     """(blocks, threads per block) that cover `rows` rows."""
     threads = params["threads"]
-    rows_per_block = threads // LANES_PER_ROW[params["topology"]](threads)
+    blocks = blocks_per_row(params["topology"])
+    if blocks > 1:
+        return rows * blocks, threads
+    rows_per_block = threads // lanes_per_row(params["topology"], threads)
     return (rows + rows_per_block - 1) // rows_per_block, threads

@@ -28,7 +28,7 @@ from .semantics.ruleset import Family
 PLAN_INPUTS = ("sm_count", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
                "registers_per_sm", "dram_bandwidth", "l2_capacity", "cached_sweep_speedup", "launch_seconds",
                "saturating_bytes_per_sm", "uncoalesced_penalty", "block_reduction_seconds",
-               "dram_latency_seconds", "l2_latency_seconds")
+               "dram_latency_seconds", "l2_latency_seconds", "max_cluster_blocks")
 
 BASE_REGISTERS = 32             # a family's registers before it holds any of the row
 REGISTER_MARGIN = 16            # room for the sweeps' temporaries beside a held row
@@ -85,8 +85,9 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     dtype = DTYPES[dtype_name]
     op = OPERATORS[family.op]
     threads = p["threads"]
-    lanes = codegen.LANES_PER_ROW[p["topology"]](threads)
-    rows_per_block = threads // lanes
+    lanes = codegen.lanes_per_row(p["topology"], threads)
+    blocks_per_row = codegen.blocks_per_row(p["topology"])
+    rows_per_block = threads // lanes if blocks_per_row == 1 else 1 / blocks_per_row
     blocks = math.ceil(rows / rows_per_block)
     vec = p["vec_bytes"] // dtype.size if cols % max(1, p["vec_bytes"] // dtype.size) == 0 else 1
 
@@ -133,8 +134,8 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     row_seconds = groups * (hw["dram_latency_seconds"] + later * hw["l2_latency_seconds"])
 
     overhead = hw["launch_seconds"]
-    if p["topology"] == "block":
-        overhead += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1)
+    if lanes > 32:   # a block's reduction; a cluster's adds one more level like it
+        overhead += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1) * (1 + (blocks_per_row > 1))
     by_bytes = (dram_bytes + cached_bytes / hw["cached_sweep_speedup"]) / bandwidth
     return overhead + by_bytes, overhead + waves * row_seconds
 
@@ -152,6 +153,8 @@ def runnable_params(family: Family, dtype_name: str, hw: dict):
         if p["threads"] > hw["max_threads_per_block"] or p["threads"] % 32:
             continue
         if p["vec_bytes"] < dtype.size or p["vec_bytes"] % dtype.size:
+            continue
+        if codegen.blocks_per_row(p["topology"]) > hw["max_cluster_blocks"]:
             continue
         # A held row and the sweeps' temporaries must fit in one thread's share
         # of the registers at a full block (the kernel's launch bound caps it

@@ -84,6 +84,9 @@ def resolve(hardware: Hardware, measured: bool = True) -> dict[str, PlanInput]:
     inputs["uncoalesced_penalty"] = fact("uncoalesced_penalty") or PlanInput(
         SECTOR_BYTES / 4, f"prior constant: a {SECTOR_BYTES}-byte sector per 4-byte access")
 
+    # Blocks that may share a row through distributed shared memory (thread-block clusters, sm_90 on).
+    inputs["max_cluster_blocks"] = fact("max_cluster_blocks") or PlanInput(1, "prior constant: no thread-block clusters")
+
     latency = fact("shared_latency_cycles")
     inputs["block_reduction_seconds"] = (
         PlanInput(SHARED_ROUND_TRIPS * latency.value / (clock.value * 1e6),

@@ -1,7 +1,8 @@
 // Fixed-order reductions over the threads that own one row: a warp-shuffle
-// butterfly, then (block topology) one partial per warp through shared memory.
-// The order depends only on THREADS, TOPOLOGY and cols, so results are
-// bitwise reproducible from run to run.
+// butterfly, then (block topology) one partial per warp through shared memory,
+// then (cluster topologies) one partial per block of the cluster through
+// distributed shared memory. The order depends only on THREADS, TOPOLOGY and
+// cols, so results are bitwise reproducible from run to run.
 #pragma once
 #include "aicg_types.cuh"
 
@@ -9,10 +10,14 @@ namespace aicg {
 
 // WARP_PER_ROW, BLOCK_PER_ROW and LANES_n_PER_ROW (n consecutive lanes of a
 // warp: short rows) reduce a row in a tree over their lanes; THREAD_PER_ROW
-// walks it in one thread, in order: the reference order.
+// walks it in one thread, in order: the reference order. CLUSTER_n_PER_ROW
+// splits a row over the n blocks of a thread-block cluster (sm_90), so that a
+// long row is several blocks' work: more rows' phases overlap on each SM, and
+// a launch of few rows reaches more SMs.
 enum Topology {
   WARP_PER_ROW = 0, BLOCK_PER_ROW = 1, THREAD_PER_ROW = 2,
-  LANES_4_PER_ROW = 4, LANES_8_PER_ROW = 8, LANES_16_PER_ROW = 16
+  LANES_4_PER_ROW = 4, LANES_8_PER_ROW = 8, LANES_16_PER_ROW = 16,
+  CLUSTER_2_PER_ROW = 102, CLUSTER_4_PER_ROW = 104, CLUSTER_8_PER_ROW = 108
 };
 
 struct Sum {
@@ -44,18 +49,45 @@ __device__ __forceinline__ float shfl_xor(float v, int offset, unsigned members)
 }
 
 // Row-group geometry for a launch: which row this thread serves and its lane.
+// A cluster's blocks are consecutive in a one-dimensional grid, so block
+// blockIdx.x serves row blockIdx.x / blocks as the cluster's rank
+// blockIdx.x % blocks.
 template <int THREADS, int TOPOLOGY>
 struct RowGroup {
+  static constexpr int blocks = TOPOLOGY > 100 ? TOPOLOGY - 100 : 1;
   static constexpr int lanes = TOPOLOGY == WARP_PER_ROW    ? 32
                                : TOPOLOGY == BLOCK_PER_ROW  ? THREADS
                                : TOPOLOGY == THREAD_PER_ROW ? 1
+                               : blocks > 1                 ? THREADS * blocks
                                                             : TOPOLOGY;
-  static constexpr int rows_per_block = THREADS / lanes;
+  static constexpr int rows_per_block = blocks > 1 ? 1 : THREADS / lanes;
   __device__ static long long row() {
+    if constexpr (blocks > 1) return blockIdx.x / blocks;
     return (long long)blockIdx.x * rows_per_block + threadIdx.x / lanes;
   }
-  __device__ static int lane() { return threadIdx.x % lanes; }
+  __device__ static int lane() {
+    if constexpr (blocks > 1) return (blockIdx.x % blocks) * THREADS + threadIdx.x;
+    return threadIdx.x % lanes;
+  }
 };
+
+// Combine each block's `mine` over the cluster, in rank order. The barrier's
+// arrive releases and its wait acquires, so every block sees every block's
+// partial; the second barrier keeps each block's partial (and the block
+// itself: its shared memory ends with it) until every block has read it.
+template <int BLOCKS, typename State, typename Op>
+__device__ __forceinline__ State cluster_reduce(State mine, Op op) {
+  __shared__ State partial;
+  if (threadIdx.x == 0) partial = mine;
+  __cluster_barrier_arrive();
+  __cluster_barrier_wait();
+  State total = *(const State*)__cluster_map_shared_rank(&partial, 0);
+#pragma unroll
+  for (int rank = 1; rank < BLOCKS; ++rank) total = op(total, *(const State*)__cluster_map_shared_rank(&partial, rank));
+  __cluster_barrier_arrive();
+  __cluster_barrier_wait();
+  return total;
+}
 
 // Combine `v` over the row group; every thread of the group gets the result.
 // State needs shfl_xor(State, int offset, unsigned members) and the Op
@@ -80,6 +112,7 @@ __device__ __forceinline__ State row_reduce(State v, Op op) {
 #pragma unroll
   for (int i = 1; i < warps; ++i) total = op(total, partial[i]);
   __syncthreads();  // partial[] is reused by the row's next reduction
+  if constexpr (RowGroup<THREADS, TOPOLOGY>::blocks > 1) return cluster_reduce<RowGroup<THREADS, TOPOLOGY>::blocks>(total, op);
   return total;
 }
 

@@ -19,7 +19,8 @@ from ..semantics.legality import Preservation, RuleChoice, decide_rule
 from ..semantics.ruleset import RuleSet
 
 SKELETON_HEADERS = ("aicg_types.cuh", "reduce.cuh", "row_access.cuh", "online_softmax.cuh", "welford.cuh")
-TOPOLOGIES = tuple(codegen.TOPOLOGIES)
+# A skeleton's entry is launched without a cluster, so a body splits a row within one block at most.
+TOPOLOGIES = tuple(t for t in codegen.TOPOLOGIES if codegen.blocks_per_row(t) == 1)
 
 # What a body may not contain: it is device code inside a fixed entry point.
 FORBIDDEN = {

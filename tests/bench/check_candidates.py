@@ -1,0 +1,66 @@
+"""Validate and time named candidates on this node's GPU, outside any build: a quick look at a
+kernel change before the lab or a build spends minutes on it.
+
+    python tests/bench/check_candidates.py [--shapes 4096x32768,1x65536] CANDIDATE_ID...
+
+A candidate id is the planner's (family.dtype.tTHREADS.vBYTES.TOPOLOGY[.cN][.fastexp]). Each one is
+compiled, checked against float64 on the awkward shapes and the given shapes under the tolerance
+preset's bounds (deterministic: two runs must agree bit for bit), then timed at the given shapes.
+Exits non-zero if any candidate fails.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from aicg import codegen, hw, nvrtc, validate  # noqa: E402
+from aicg.semantics import ruleset  # noqa: E402
+
+ID = re.compile(r"(?P<family>\w+)\.(?P<dtype>\w+)\.t(?P<threads>\d+)\.v(?P<vec>\d+)\.(?P<topology>\w+?)"
+                r"(?:\.c(?P<cache>\d+))?(?P<fast>\.fastexp)?$")
+TOLERANCE = {"float32": (1e-5, 1e-7), "bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}
+
+
+def params_of(candidate: str) -> tuple[str, str, dict]:
+    m = ID.match(candidate)
+    if not m:
+        raise SystemExit(f"{candidate}: not a candidate id (family.dtype.tTHREADS.vBYTES.TOPOLOGY[.cN][.fastexp])")
+    return m["family"], m["dtype"], {"threads": int(m["threads"]), "vec_bytes": int(m["vec"]),
+                                     "topology": m["topology"], "fast_exp": bool(m["fast"]),
+                                     "cache_packs": int(m["cache"] or 0)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("candidates", nargs="+")
+    parser.add_argument("--shapes", default="4096x32768,32768x4096,1x65536")
+    parser.add_argument("--target", default="nvidia-h200")
+    args = parser.parse_args()
+    shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
+    rules = ruleset.load(ROOT / "rulesets")
+    hardware = hw.load(ROOT / "hwdb" / f"{args.target}.toml")
+    failed = 0
+    for candidate in args.candidates:
+        family_name, dtype, params = params_of(candidate)
+        family = rules.families[family_name]
+        cubin, report = nvrtc.compile_cubin(codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
+                                            nvrtc.include_closure(family.header, ROOT / "kernels"), hardware.arch)[:2]
+        result = validate.validate_on_device(
+            cubin, hardware, family.op, dtype, params, tolerance=TOLERANCE[dtype], deterministic=True,
+            bitwise=False, check_shapes=validate.AWKWARD_SHAPES + shapes, timed_shapes=shapes, trials=2,
+            repetitions=10)
+        failed += result["status"] != "passed"
+        times = " ".join(f"{t['shape'][0]}x{t['shape'][1]} {t['median_seconds'] * 1e6:.1f} us "
+                         f"({t['bytes_per_second'] / 1e12:.2f} TB/s)" for t in result.get("timings", []))
+        print(f"{candidate}: {result['status']} regs {report['registers']} spills {report['spill_store_bytes']} B "
+              f"{validate.why_failed(result) or result.get('reason', '')} {times}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
