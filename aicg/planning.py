@@ -25,12 +25,14 @@ class Planning:
     realised: realisation.Profile | None
     measured: realisation.MeasuredPrior | None
 
-    def best_for_shape(self, op: str, dtype: str, shape: tuple[int, int]) -> list[plan.Candidate]:
-        """Every legal family's predicted best candidate for one shape, fastest first."""
+    def best_for_shape(self, op: str, dtype: str, shape: tuple[int, int], per_family: int = 3) -> list[plan.Candidate]:
+        """Each legal family's `per_family` predicted best candidates for one shape, fastest first
+        (several per family: a runner-up of the best family is a better fallback than the nearest
+        tuned shape's kernel, which may split rows a thousand times too wide)."""
         decided = legality.decide_all(op, (dtype,), self.rules, self.prof.preservation, self.prof.choice)
         bounds = {dtype: self.prof.preservation.tolerance[dtype][0]}
         found = plan.plan_op(op, decided, self.rules.families_of(op), (dtype,), (tuple(shape),), self.hw_facts,
-                             per_family=1, measured=self.measured, bounds=bounds, rejected=[])
+                             per_family=per_family, measured=self.measured, bounds=bounds, rejected=[])
         return sorted(found, key=lambda c: (c.predicted_seconds[0], c.id))
 
 

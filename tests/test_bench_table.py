@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import pytest
+
 
 def _bench_table(repo):
     spec = importlib.util.spec_from_file_location("bench_table", repo / "tests/bench/bench_table.py")
@@ -12,11 +14,24 @@ def _bench_table(repo):
     return module
 
 
-def test_the_documented_acceptance_table_is_the_recorded_run(repo):
-    recorded = json.loads((repo / "docs/bench/2026-12-01-h200-acceptance.json").read_text())
+RECORDED = [   # (run, summary line the table ends with)
+    ("2026-12-01-h200-acceptance.json", "20 cases: 10 at >= 95% of the copy, 2 at >= 1.0x both torch.compile "
+                                        "and Triton, 20 validated, 20 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-3.json", "20 cases: 10 at >= 95% of the copy, 4 at >= 1.0x both torch.compile "
+                                          "and Triton, 20 validated, 20 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid.json", "100 cases: 10 at >= 95% of the copy, 33 at >= 1.0x both torch.compile "
+                                  "and Triton, 100 validated, 58 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-jit-timed.json", "71 cases: 6 at >= 95% of the copy, 18 at >= 1.0x both "
+                                            "torch.compile and Triton, 71 validated, 41 at >= 0.9x the best peer"),
+]
+
+
+@pytest.mark.parametrize("run, summary", RECORDED)
+def test_the_documented_tables_are_the_recorded_runs(repo, run, summary):
+    recorded = json.loads((repo / "docs/bench" / run).read_text())
     assert recorded["device"] == "NVIDIA H200" and recorded["date"] == "2026-12-01"
     table = _bench_table(repo).markdown(recorded["rows"])
-    assert "20 cases: 10 at >= 95% of the copy, 2 at >= 1.0x both torch.compile and Triton, 20 validated" in table
+    assert summary in table
     docs = (repo / "docs/performance.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "×" in line]
-    assert len(rows) == 20 and all(row in docs for row in rows)
+    assert len(rows) == len(recorded["rows"]) and all(row in docs for row in rows)

@@ -126,3 +126,37 @@ def test_an_unvalidated_outcome_is_not_kept(instance_dir, tmp_path):
     assert made.validation == "unvalidated"
     fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE, validate=elsewhere)
     assert len(calls) == 2
+
+
+def passing(cubin, params, shape):
+    return {"status": "passed", "reason": ""}
+
+
+def test_the_device_decides_among_the_first_usable_candidates_and_the_choice_is_kept(instance_dir, tmp_path):
+    """The prior ranks; timing at the shape picks. Here the third-ranked is made the fastest."""
+    timed_calls = []
+
+    def third_fastest(kernels, shape):
+        timed_calls.append((len(kernels), shape))
+        return [3e-6, 2e-6, 1e-6][:len(kernels)]
+
+    jit = fresh_jit(instance_dir, tmp_path)
+    ranked = jit.planning().best_for_shape("softmax", "float32", (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1]))
+    assert len(ranked) >= jit_mod.TIMED_CANDIDATES
+    made = jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing, timer=third_fastest)
+    assert timed_calls == [(jit_mod.TIMED_CANDIDATES, NEW_SHAPE)]
+    assert made.candidate == ranked[jit_mod.TIMED_CANDIDATES - 1].id
+    [event] = [e for e in jit.events if "timed" in e]
+    assert event["chosen"] == made.candidate and len(event["timed"]) == jit_mod.TIMED_CANDIDATES
+
+    later = fresh_jit(instance_dir, tmp_path)      # another process: the kept choice, no timing
+    again = later.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing, timer=third_fastest)
+    assert again.candidate == made.candidate and len(timed_calls) == 1
+
+
+def test_without_the_target_gpu_the_prior_order_stands(instance_dir, tmp_path):
+    jit = fresh_jit(instance_dir, tmp_path)
+    ranked = jit.planning().best_for_shape("softmax", "float32", (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1]))
+    made = jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing, timer=lambda kernels, shape: None)
+    assert made.candidate == ranked[0].id and not [e for e in jit.events if "timed" in e]
+    assert not list(jit.cache_dir.glob("choice-*.json"))

@@ -15,9 +15,10 @@ unless `allow_unvalidated=True`.
 
 A workload shape runs the kernel the build measured fastest there. Any
 other shape is planned on first use with the instance's own rules and
-priors (aicg/runtime/jit.py): the predicted fastest kernel, compiled and
-validated on the device if the instance does not carry it, and cached.
-`inst.jit_events` lists what that compiled and validated, with times;
+priors (aicg/runtime/jit.py): the predicted fastest kernels, compiled and
+validated on the device if the instance does not carry them, the first three
+timed there and the fastest kept, all cached.
+`inst.jit_events` lists what that compiled, validated and timed, with times;
 `load(..., jit=False)` runs the nearest workload shape's kernel instead.
 """
 from __future__ import annotations
@@ -93,7 +94,8 @@ class OpKernels:
     def _jit_kernel(self, entry: dict, dtype: str, device: int, rows: int, cols: int):
         """The JIT's kernel for an untuned shape, or None to run the nearest tuned shape's."""
         try:
-            made = self.instance.jit.kernel_for(self.op.name, dtype, rows, cols, validate=self._validator(dtype))
+            made = self.instance.jit.kernel_for(self.op.name, dtype, rows, cols, validate=self._validator(dtype),
+                                                timer=self._timer(dtype))
         except JitError as err:
             log.warning("aicg: %s; running the nearest tuned shape's kernel", err)
             return None
@@ -116,6 +118,15 @@ class OpKernels:
             settings = validate.settings(planned.prof, dtype, (), (shape,))
             report = validate.validate_on_device(cubin, planned.hardware, self.op.name, dtype, params, **settings)
             return {"status": report["status"], "reason": validate.why_failed(report)}
+        return run
+
+    def _timer(self, dtype: str):
+        from .. import validate
+        planned = self.instance.jit.planning()
+
+        def run(kernels, shape) -> list[float] | None:
+            return validate.time_on_device(kernels, planned.hardware, self.op.name, dtype, shape,
+                                           planned.prof.timing_repetitions)
         return run
 
     def __call__(self, x, *inputs, out=None, stream=None, **scalars):

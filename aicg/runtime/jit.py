@@ -4,18 +4,22 @@ An instance carries a snapshot of what planned it (source/: the profile, the
 rule sets, the target's hwdb entry and realisation profile, the kernel
 headers). For a shape outside its workload, the JIT plans that operator and
 dtype for that one shape with those inputs: the same legality, preservation
-and prior as the build. Of the predicted fastest candidates it takes the
-first that
+and prior as the build. Going down the predicted fastest candidates, it
+takes those that
 
 - the instance already carries (a packaged cubin: nothing to compile), or
-- is in the instance's JIT cache (jit/<compile key>.cubin, its digest
+- are in the instance's JIT cache (jit/<compile key>.cubin, its digest
   checked on every read; a damaged entry is compiled again), or
 - NVRTC compiles without spilling, with the build's source and options.
 
 A kernel it compiled is validated on the device against float64 before its
-first launch (the build's checks, without timing); the outcome is kept
-beside the cubin, per GPU, so later processes skip it. Every compilation and
-validation is reported with its time: `events`, and the "aicg.jit" logger.
+first launch (the build's checks); the outcome is kept beside the cubin, per
+GPU, so later processes skip it. On the target GPU the first
+TIMED_CANDIDATES usable ones are then timed at the shape and the fastest
+runs (the prior ranks, the device decides, as in the build); the choice is
+kept per GPU and shape class (jit/choice-<key>.json, with the times). Every
+compilation, validation and timing is reported with its time: `events`, and
+the "aicg.jit" logger.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from .. import cas, codegen, digest, nvrtc, planning, toolchain
 log = logging.getLogger("aicg.jit")
 
 VALIDATION_ROWS = 256   # rows of the new shape checked, besides the build's awkward shapes
+TIMED_CANDIDATES = 3    # usable candidates timed at a new shape before one is chosen
 
 
 class JitError(RuntimeError):
@@ -83,45 +88,81 @@ class Jit:
                                            self.source / "hwdb")
         return self._planning
 
-    def kernel_for(self, op: str, dtype: str, rows: int, cols: int, validate=None) -> JitKernel:
+    def kernel_for(self, op: str, dtype: str, rows: int, cols: int, validate=None, timer=None) -> JitKernel:
         """The kernel for a new shape. `validate(cubin, params, shape) -> {"status", "reason"}` runs
         where a device is (None: leave a compiled kernel unvalidated); a kernel is validated once per GPU, on the
-        build's awkward shapes and the first shape that needed it."""
+        build's awkward shapes and the first shape that needed it. `timer([(cubin, params)], shape) ->
+        [seconds] or None` times the first TIMED_CANDIDATES usable candidates at the shape, and the
+        fastest is chosen (the prior only ranks them); the choice is kept per GPU and shape class."""
         shape = (rows_class(rows), cols)
         planned = self.planning()
-        tried = []
-        for cand in planned.best_for_shape(op, dtype, shape):
-            if cand.id in self.packaged:
-                entry = self.packaged[cand.id]
-                cubin = (self.instance_dir / entry["cubin"]).read_bytes()
-                if digest.of_bytes(cubin) != entry["cubin_digest"]:
-                    raise JitError(f"{self.instance_dir / entry['cubin']}: digest does not match the manifest")
-                return self._note(op, dtype, (rows, cols), JitKernel(cand.id, cand.params, cubin, "packaged", "passed"))
-            made = self._cached_or_compiled(cand, planned)
+        ranked = planned.best_for_shape(op, dtype, shape)
+        choice_path = self._choice_path(op, dtype, shape, ranked, planned.hardware.name)
+        if choice_path.is_file():
+            chosen = json.loads(choice_path.read_text())["candidate"]
+            ranked = [c for c in ranked if c.id == chosen] + [c for c in ranked if c.id != chosen]
+        usable, tried = [], []
+        for cand in ranked:
+            made = self._usable(cand, planned, op, dtype, rows, cols, validate)
             if made is None:
                 tried.append(cand.id)
                 continue
-            cubin, meta, origin = made
-            status = meta["validation"].get(planned.hardware.name)
-            if status is None and validate is not None:
-                began = time.perf_counter()
-                report = validate(cubin, cand.params, (min(rows, VALIDATION_ROWS), cols))
-                status = report["status"]
-                if status in ("passed", "failed"):    # "unvalidated" (not the target GPU) is no outcome to keep
-                    meta["validation"][planned.hardware.name] = status
-                    self._write_meta(meta)
-                self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "candidate": cand.id,
-                                    "validated": status, "seconds": time.perf_counter() - began,
-                                    **({"reason": report["reason"]} if report.get("reason") else {})})
-                log.info("aicg: validated %s for %dx%d: %s in %.2f s%s", cand.id, rows, cols, status,
-                         self.events[-1]["seconds"], f" ({report['reason']})" if report.get("reason") else "")
-            if status == "failed":
-                tried.append(cand.id)
-                continue
-            return self._note(op, dtype, (rows, cols), JitKernel(cand.id, cand.params, cubin, origin,
-                                                                  status or "unvalidated"))
-        raise JitError(f"no kernel for {op} {dtype} at {rows}x{cols}: every legal candidate was rejected "
-                       f"({', '.join(tried) or 'none legal'})")
+            usable.append(made)
+            if (choice_path.is_file() or timer is None or made.validation != "passed"
+                    or len(usable) == TIMED_CANDIDATES):
+                break
+        if not usable:
+            raise JitError(f"no kernel for {op} {dtype} at {rows}x{cols}: every legal candidate was rejected "
+                           f"({', '.join(tried) or 'none legal'})")
+        if len(usable) == 1:
+            return self._note(op, dtype, (rows, cols), usable[0])
+        began = time.perf_counter()
+        seconds = timer([(k.cubin, k.params) for k in usable], (rows, cols))
+        if seconds is None:       # not the target GPU: the prior's order stands
+            return self._note(op, dtype, (rows, cols), usable[0])
+        timed = {k.candidate: s for k, s in zip(usable, seconds)}
+        fastest = min(usable, key=lambda k: timed[k.candidate])
+        cas.write_atomic(choice_path, (json.dumps({"candidate": fastest.candidate, "timed": timed}) + "\n").encode())
+        self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "chosen": fastest.candidate,
+                            "timed": timed, "seconds": time.perf_counter() - began})
+        log.info("aicg: timed %s for %dx%d in %.2f s: %s", ", ".join(timed), rows, cols,
+                 self.events[-1]["seconds"], fastest.candidate)
+        return self._note(op, dtype, (rows, cols), fastest)
+
+    def _choice_path(self, op: str, dtype: str, shape, ranked, gpu: str) -> Path:
+        """Where the timed choice for a shape class lives: keyed by what was ranked, so a changed plan times again."""
+        key = digest.of_value({"op": op, "dtype": dtype, "shape": list(shape), "gpu": gpu,
+                               "ranked": [c.id for c in ranked]})
+        return self.cache_dir / f"choice-{key}.json"
+
+    def _usable(self, cand, planned, op, dtype, rows, cols, validate) -> JitKernel | None:
+        """The candidate as a kernel to run, or None where it spills or failed validation on this GPU."""
+        if cand.id in self.packaged:
+            entry = self.packaged[cand.id]
+            cubin = (self.instance_dir / entry["cubin"]).read_bytes()
+            if digest.of_bytes(cubin) != entry["cubin_digest"]:
+                raise JitError(f"{self.instance_dir / entry['cubin']}: digest does not match the manifest")
+            return JitKernel(cand.id, cand.params, cubin, "packaged", "passed")
+        made = self._cached_or_compiled(cand, planned)
+        if made is None:
+            return None
+        cubin, meta, origin = made
+        status = meta["validation"].get(planned.hardware.name)
+        if status is None and validate is not None:
+            began = time.perf_counter()
+            report = validate(cubin, cand.params, (min(rows, VALIDATION_ROWS), cols))
+            status = report["status"]
+            if status in ("passed", "failed"):    # "unvalidated" (not the target GPU) is no outcome to keep
+                meta["validation"][planned.hardware.name] = status
+                self._write_meta(meta)
+            self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "candidate": cand.id,
+                                "validated": status, "seconds": time.perf_counter() - began,
+                                **({"reason": report["reason"]} if report.get("reason") else {})})
+            log.info("aicg: validated %s for %dx%d: %s in %.2f s%s", cand.id, rows, cols, status,
+                     self.events[-1]["seconds"], f" ({report['reason']})" if report.get("reason") else "")
+        if status == "failed":
+            return None
+        return JitKernel(cand.id, cand.params, cubin, origin, status or "unvalidated")
 
     def _note(self, op, dtype, shape, kernel: JitKernel) -> JitKernel:
         log.debug("aicg: %s %s %dx%d -> %s (%s)", op, dtype, *shape, kernel.candidate, kernel.origin)

@@ -50,6 +50,16 @@ def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, pa
                      peak_bytes_per_second=hardware.fact("dram_bandwidth"))
 
 
+def time_on_device(kernels: list[tuple[bytes, dict]], hardware: Hardware, op: str, dtype: str, shape,
+                   repetitions: int) -> list[float] | None:
+    """Median seconds of each (cubin, params) at `shape` on this machine's GPU; None unless it is the target."""
+    dev = driver.probe_device()
+    if dev is None or dev.name != hardware.name or dev.compute_capability != hardware.compute_capability:
+        return None
+    from . import check
+    return check.time_kernels(kernels, op, dtype, shape, repetitions, dev)
+
+
 def why_failed(report: dict) -> str:
     """What a failed validation report found first, in a line ("" for a pass or no verdict)."""
     if report["status"] != "failed":

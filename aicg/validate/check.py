@@ -235,6 +235,25 @@ def time_shape(kernel, op, dtype, params, shape, repetitions, flush: driver.Buff
             "bytes_per_second": moved / seconds, "repetitions": repetitions}
 
 
+def time_kernels(kernels: list[tuple[bytes, dict]], op_name: str, dtype_name: str, shape, repetitions: int,
+                 device) -> list[float]:
+    """Median seconds of each (cubin, params) on one shape, on the same inputs, L2 flushed before each run."""
+    op, dtype = OPERATORS[op_name], DTYPES[dtype_name]
+    rng = np.random.default_rng()
+    try:
+        with driver.Buffer(2 * device.l2_bytes) as flush:
+            seconds = []
+            for cubin, params in kernels:
+                kernel = driver.Kernel(cubin, codegen.ENTRY)
+                try:
+                    seconds.append(time_shape(kernel, op, dtype, params, shape, repetitions, flush, rng)["median_seconds"])
+                finally:
+                    kernel.unload()
+            return seconds
+    finally:
+        release_timing_buffers()
+
+
 def run(cubin: bytes, op_name: str, dtype_name: str, params: dict, *, tolerance, deterministic, bitwise,
         check_shapes, timed_shapes, trials, repetitions, device, peak_bytes_per_second: float) -> dict:
     op, dtype = OPERATORS[op_name], DTYPES[dtype_name]

@@ -20,7 +20,8 @@ def table_rows(results: dict) -> list[dict]:
         if "aicg" not in r:
             continue
         row = {"suite": suite, "op": op, "dtype": dtype, "shape": list(shape), "bytes": r["bytes"],
-               "aicg_kernel": r.get("aicg_kernel"), "validation": r.get("aicg_validation"),
+               "aicg_kernel": r.get("aicg_kernel"), "aicg_jit": r.get("aicg_jit", []),
+               "validation": r.get("aicg_validation"),
                "triton_validation": r.get("triton_validation"),
                "seconds": {k: r[k] for k in ("aicg", *PEERS, "copy") if k in r},
                "host_seconds": {k: r[f"{k}_host"] for k in ("aicg", *PEERS, "copy") if f"{k}_host" in r}}
@@ -66,6 +67,7 @@ def markdown(rows: list[dict]) -> str:
     at_ceiling = sum(1 for r in rows if r["of_copy"] is not None and r["of_copy"] >= 0.95)
     ahead = sum(1 for r in rows if all(r["peer_over_aicg"].get(k, 0) >= 1.0 for k in ("compile", "triton")))
     validated = sum(1 for r in rows if (r["validation"] or {}).get("passed"))
+    near_best = sum(1 for r in rows if r["best_peer_over_aicg"] and r["best_peer_over_aicg"] >= 0.9)
     means = []
     for peer in PEERS:
         values = [r["peer_over_aicg"][peer] for r in rows if peer in r["peer_over_aicg"]]
@@ -73,7 +75,8 @@ def markdown(rows: list[dict]) -> str:
             mean = math.exp(sum(map(math.log, values)) / len(values))
             means.append(f"{peer} {mean:.2f} ({min(values):.2f}-{max(values):.2f})")
     lines += ["", f"{len(rows)} cases: {at_ceiling} at >= 95% of the copy, {ahead} at >= 1.0x both torch.compile and "
-                  f"Triton, {validated} validated; geometric mean of peer/aicg: {', '.join(means)}"]
+                  f"Triton, {validated} validated, {near_best} at >= 0.9x the best peer; geometric mean of "
+                  f"peer/aicg: {', '.join(means)}"]
     return "\n".join(lines)
 
 

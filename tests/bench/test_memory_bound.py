@@ -191,7 +191,9 @@ def test_memory_bound(benchmark, instances, flush, suite, op, dtype, shape, cont
         if contender == "aicg":
             out = torch.full((shape[0],) if op in peers.ROW_OUTPUT else shape, math.nan, device="cuda",
                              dtype=fresh.dtype)
+            seen = len(instance.jit_events)
             getattr(instance, op)(fresh, *inputs, out=out)
+            record["aicg_jit"] = instance.jit_events[seen:]   # what a shape outside the workload compiled, and why
         else:
             out = peers.triton_call(op, peers.triton_warp_counts(shape[-1])[0])(fresh, *inputs)
         rtol, atol = tolerance(instance, dtype)
