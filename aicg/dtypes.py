@@ -27,9 +27,14 @@ class DType:
 
 
 def _to_bf16_bits(f32: np.ndarray) -> np.ndarray:
-    bits = f32.view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(f32), np.uint16(0x7FC0), rounded)
+    bits = f32.view(np.uint32)
+    # bits + 0x7FFF + lsb, in place in 32 bits: it wraps only for NaN bit patterns, replaced below
+    total = (bits >> 16) & 1
+    total += 0x7FFF
+    total += bits
+    rounded = (total >> 16).astype(np.uint16)
+    rounded[np.isnan(f32)] = 0x7FC0
+    return rounded
 
 
 def _from_bf16_bits(bits: np.ndarray) -> np.ndarray:

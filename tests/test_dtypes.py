@@ -88,3 +88,10 @@ def test_float16_encodes_as_ieee_half_rounded_to_nearest_even():
     assert bits[3] == 0x7BFF and bits[4] == 0x7C00          # the largest half, then overflow to inf
     assert bits[5] == 0x8000 and bits[6] == 0x7C00 and bits[7] == 0x0000   # -0, inf, 2^-25 ties to even (0)
     assert np.array_equal(half.decode(bits[:4]), np.array([1.0, 1.0, 1 + 2**-9, 65504.0], np.float32))
+
+
+def test_encoding_leaves_its_input_alone():
+    x = np.array([1.00390625, -3.5, np.nan, 1e38], dtype=np.float32)
+    before = x.copy()
+    BF16.encode(x)
+    assert np.array_equal(x.view(np.uint32), before.view(np.uint32))

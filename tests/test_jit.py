@@ -149,6 +149,12 @@ def test_the_device_decides_among_the_first_usable_candidates_and_the_choice_is_
     [event] = [e for e in jit.events if "timed" in e]
     assert event["chosen"] == made.candidate and len(event["timed"]) == jit_mod.TIMED_CANDIDATES
 
+    huge = (1 << 22, 1 << 12)                       # 2^34 elements: timed on a slice of the rows it may hold
+    fresh_jit(instance_dir, tmp_path / "huge").kernel_for("softmax", "float32", *huge, validate=passing,
+                                                          timer=third_fastest)
+    assert timed_calls[-1][1] == (jit_mod.TIMED_ELEMENTS >> 12, 1 << 12)
+    del timed_calls[-1]
+
     later = fresh_jit(instance_dir, tmp_path)      # another process: the kept choice, no timing
     again = later.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing, timer=third_fastest)
     assert again.candidate == made.candidate and len(timed_calls) == 1

@@ -149,3 +149,41 @@ def test_the_lab_measures_on_every_runnable_realisation_and_names_them_as_the_pl
     assert c.id == plan.candidate_id(c.family, c.dtype, c.params) and ".fastexp" in c.id
     assert math.isclose(len(configs), len({c.id for c in configs}))
     assert dataclasses.asdict(c)["op"] == shipped_ruleset.families[c.family].op
+
+
+def _profile_with_few_rows(tmp_path, family_name, dtype, p, full_seconds, few_seconds, few_rows=lab.FEW_ROWS):
+    """A profile of one realisation: full launches at each lab row length, and few-row launches."""
+    cid = plan.candidate_id(family_name, dtype, p)
+    records = []
+    for cols in lab.COLS:
+        full = lab.ROW_ELEMENTS // cols
+        for rows, seconds in ((full, full_seconds(full, cols)), *((n, few_seconds(n, cols)) for n in few_rows)):
+            records.append({"id": cid, "family": family_name, "dtype": dtype, "params": p, "rows": rows,
+                            "cols": cols, "seconds": seconds, "bytes": 8 * rows * cols, "drift": 0.0,
+                            "bit_stable": True})
+    path = tmp_path / f"{len(few_rows)}.realisation.json"
+    realisation.save(path, {"date": "d", "driver": "v", "clocks": "c", "method": "m", "repetitions": 5,
+                            "device": "NVIDIA H200", "arch": "sm_90"}, records)
+    return realisation.load(path)
+
+
+def test_launches_of_few_rows_are_predicted_from_the_few_row_measurements(h200, shipped_ruleset, tmp_path):
+    """A realisation that is slow at the lab's full launches but fast on one row (a row split over a
+    cluster, say) must not have its one-row time predicted from the full launches' calibration."""
+    _, inputs, _, _ = h200
+    family = shipped_ruleset.families["row_sum_tree"]
+    p = {"threads": 1024, "vec_bytes": 16, "topology": "block", "fast_exp": False, "cache_packs": 0}
+    slow = lambda rows, cols: 3 * plan.predict_seconds(family, "float32", p, (rows, cols), inputs)  # noqa: E731
+    few = {1: 4e-6, 128: 8e-6}
+    recorded = _profile_with_few_rows(tmp_path, "row_sum_tree", "float32", p, slow, lambda n, cols: few[n])
+    prior = realisation.MeasuredPrior(recorded, inputs)
+    for r in recorded.records:                       # what it measured, it reproduces
+        assert prior(family, "float32", p, (r["rows"], r["cols"])) == pytest.approx(r["seconds"], rel=1e-9)
+    assert few[1] < prior(family, "float32", p, (16, 4096)) < few[128]        # between the row counts measured
+    assert prior(family, "float32", p, (256, 4096)) >= few[128]               # more rows never take less time
+    assert prior(family, "float32", p, (1, 65536)) > few[1]                   # a longer row takes longer
+    without = realisation.MeasuredPrior(
+        _profile_with_few_rows(tmp_path, "row_sum_tree", "float32", p, slow, None, few_rows=()), inputs)
+    assert prior(family, "float32", p, (1, 32768)) == pytest.approx(few[1], rel=1e-9)
+    assert without(family, "float32", p, (1, 32768)) > 2 * few[1]     # the full launches' calibration alone
+    assert without(family, "float32", p, (8192, 4096)) == prior(family, "float32", p, (8192, 4096))

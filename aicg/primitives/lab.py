@@ -10,6 +10,8 @@ grid of row lengths, per dtype, with the same kernels the build compiles:
 
 - time: device events around one launch over ROW_ELEMENTS elements, L2
   flushed before each repetition (aicg/validate/check.py's timing), median;
+  and the same around launches of FEW_ROWS rows (one row's latency, one
+  wave), where a launch costs what the full one does not show;
 - drift: the largest |y - ref| / scale against a float64 reference on
   DRIFT_ROWS rows of fresh normal inputs (scale per operator, ops.py);
 - bit stability: two runs and a launch split in two give identical bits.
@@ -34,6 +36,7 @@ from ..validate import check
 
 COLS = (64, 512, 4096, 32768)
 ROW_ELEMENTS = 1 << 26        # per timed launch: 256 MiB of float32, several times the L2
+FEW_ROWS = (1, 128)           # launches of a single row and of about one wave, timed besides the full one
 DRIFT_ROWS = 64
 REPETITIONS = 5
 DTYPES_MEASURED = ("float32", "bfloat16")
@@ -85,7 +88,8 @@ def _drift(kernel, buffers: check.Buffers, params: dict, inputs, ref, scale, dty
 
 
 def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, progress=print) -> list[dict]:
-    """One record per (config, row length): seconds, bytes moved, drift, bit stability."""
+    """One record per (config, row length, row count: FEW_ROWS and the full launch): seconds, bytes
+    moved, drift, bit stability."""
     rng = np.random.default_rng()
     records = []
     by_case: dict[tuple, list[Config]] = {}
@@ -107,19 +111,23 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
                     for cols in COLS:
                         small, inputs, ref, scale = drift_cases[cols]
                         drift, stable = _drift(kernel, small, c.params, inputs, ref, scale, dtype)
-                        rows = max(1, ROW_ELEMENTS // cols)
-                        timing = check.time_shape(kernel, op, dtype, c.params, (rows, cols), REPETITIONS, flush, rng)
-                        records.append({"id": c.id, "family": c.family, "dtype": c.dtype, "params": c.params,
-                                        "rows": rows, "cols": cols, "seconds": timing["median_seconds"],
-                                        "bytes": timing["bytes"], "drift": drift, "bit_stable": stable})
+                        full = max(1, ROW_ELEMENTS // cols)
+                        for rows in sorted({*(n for n in FEW_ROWS if n < full), full}):
+                            timing = check.time_shape(kernel, op, dtype, c.params, (rows, cols), REPETITIONS,
+                                                      flush, rng)
+                            records.append({"id": c.id, "family": c.family, "dtype": c.dtype, "params": c.params,
+                                            "rows": rows, "cols": cols, "seconds": timing["median_seconds"],
+                                            "bytes": timing["bytes"], "drift": drift, "bit_stable": stable})
                 finally:
                     kernel.unload()
             for small, *_ in drift_cases.values():
                 small.free()
             check.release_timing_buffers()
+            ids = {c.id for c in group}
+            mine = [r for r in records if r["id"] in ids]
             for cols in COLS:
-                best = min((r for r in records[-len(group) * len(COLS):] if r["cols"] == cols),
-                           key=lambda r: r["seconds"])
+                full = max(r["rows"] for r in mine if r["cols"] == cols)
+                best = min((r for r in mine if r["cols"] == cols and r["rows"] == full), key=lambda r: r["seconds"])
                 progress(f"  {op_name:9s} {dtype_name:8s} cols {cols:5d}: {len(group):3d} realisations, best "
                          f"{best['bytes'] / best['seconds'] / 1e12:.2f} TB/s ({best['id']})")
     return records

@@ -1,14 +1,18 @@
 """A GPU's realisation profile (hwdb/<gpu>.realisation.json) and the measured prior it gives.
 
-The profile holds one record per (realisation, row length) measured by the
-lab, with the provenance of the run. The prior it gives the planner is the
-structural model of plan.predict_seconds *calibrated* by measurement: for
-each realisation and measured row length, the ratio of measured to modelled
-time; for a workload shape, the model's time at that shape times the ratio
-interpolated over log(row length) (clamped at the ends of the grid). The
-model carries what changes with the row count (filling the machine, rows
-held in L2); the measurement carries what the model cannot know about the
-realisation on this GPU.
+The profile holds one record per (realisation, row length, row count)
+measured by the lab, with the provenance of the run. The prior it gives the
+planner is the structural model of plan.predict_seconds *calibrated* by
+measurement: for each realisation and measured row length, the ratio of
+measured to modelled time at the lab's full launch; for a workload shape,
+the model's time at that shape times the ratio interpolated over log(row
+length) (clamped at the ends of the grid). The model carries what changes
+with the row count (filling the machine, rows held in L2); the measurement
+carries what the model cannot know about the realisation on this GPU. A
+shape of no more rows than the lab's few-row launches (a single row, one
+wave) is predicted by the model calibrated by those launches instead (the
+ratio interpolated over log row length and log row count): what a launch of
+few rows costs (latency, scheduling) is not what the full launches calibrate.
 
 Drift (the largest error against float64, relative to the operator's
 scale) and bit stability come with every record; legality reads them.
@@ -113,12 +117,40 @@ class MeasuredPrior:
         self.profile, self.hw = profile, hw
         self._records = profile.by_config()
         self._ratios: dict[str, tuple[list[float], list[float]]] = {}
+        self._few: dict[str, list] = {}
+
+    def _full_and_few(self, config_id: str) -> tuple[list[dict], dict[int, list[dict]]]:
+        """The lab's full launch at each row length (its most rows), and its launches of few rows
+        (a single row, one wave) by row count."""
+        points = self._records.get(config_id, [])
+        most = {}
+        for r in points:
+            if r["rows"] > most.get(r["cols"], 0):
+                most[r["cols"]] = r["rows"]
+        full = [r for r in points if r["rows"] == most[r["cols"]]]
+        few: dict[int, list[dict]] = {}
+        for r in points:
+            if r["rows"] < most[r["cols"]]:
+                few.setdefault(r["rows"], []).append(r)
+        return full, few
+
+    def _few_rows(self, config_id: str, family, dtype: str, p: dict) -> list[tuple[int, list[float], list[float]]]:
+        """(rows, log cols, log measured/modelled time) per few-row launch count the lab measured,
+        fewest rows first."""
+        if config_id not in self._few:
+            _, few = self._full_and_few(config_id)
+            self._few[config_id] = [
+                (rows, [math.log(r["cols"]) for r in rs],
+                 [math.log(r["seconds"] / plan.predict_seconds(family, dtype, p, (rows, r["cols"]), self.hw))
+                  for r in rs])
+                for rows, rs in sorted(few.items())]
+        return self._few[config_id]
 
     def _calibration(self, config_id: str, family, dtype: str, p: dict):
         """(log cols, log measured/modelled byte time, log seconds per element) at each measured
-        row length, and the most elements one measured launch covered."""
+        row length's full launch, and the most elements one measured launch covered."""
         if config_id not in self._ratios:
-            points = self._records.get(config_id)
+            points, _ = self._full_and_few(config_id)
             if not points:
                 self._ratios[config_id] = None
             else:
@@ -136,13 +168,26 @@ class MeasuredPrior:
         A shape larger than the lab's launches is never predicted faster per element than the
         lab measured: those launches already saturate the memory system, and the model's
         credit for rows that a partial wave runs for free does not survive more rows."""
-        found = self._calibration(plan.candidate_id(family.name, dtype, p), family, dtype, p)
+        config_id = plan.candidate_id(family.name, dtype, p)
+        found = self._calibration(config_id, family, dtype, p)
         if found is None:
             return None
         xs, ys, per_element, largest = found
         x = math.log(shape[1])
+        few = self._few_rows(config_id, family, dtype, p)
         by_bytes, by_waits = plan.model_terms(family, dtype, p, shape, self.hw)
+        if few and shape[0] <= few[-1][0]:
+            # Within the few-row launches the lab timed, the model calibrated by them instead,
+            # interpolated over log row length and then over log row count: the full launches'
+            # costs (the machine filled, clusters scheduled) are not a few rows' costs.
+            counts = [math.log(rows) for rows, _, _ in few]
+            at_x = [_interpolate(cols, ratios, x) for _, cols, ratios in few]
+            return max(by_bytes, by_waits) * math.exp(_interpolate(counts, at_x, math.log(max(1, shape[0]))))
         predicted = max(by_bytes * math.exp(_interpolate(xs, ys, x)), by_waits)
+        if few:   # more rows never take less time than the most rows of the few-row launches
+            rows = few[-1][0]
+            predicted = max(predicted, plan.predict_seconds(family, dtype, p, (rows, shape[1]), self.hw)
+                            * math.exp(_interpolate(few[-1][1], few[-1][2], x)))
         if shape[0] * shape[1] <= largest:
             return predicted
         return max(predicted, shape[0] * shape[1] * math.exp(_interpolate(xs, per_element, x)))

@@ -36,6 +36,7 @@ log = logging.getLogger("aicg.jit")
 
 VALIDATION_ROWS = 256   # rows of the new shape checked, besides the build's awkward shapes
 TIMED_CANDIDATES = 3    # usable candidates timed at a new shape before one is chosen
+TIMED_ELEMENTS = 1 << 26   # at most this many elements per timed launch: the inputs and output are allocated again
 
 
 class JitError(RuntimeError):
@@ -117,15 +118,16 @@ class Jit:
         if len(usable) == 1:
             return self._note(op, dtype, (rows, cols), usable[0])
         began = time.perf_counter()
-        seconds = timer([(k.cubin, k.params) for k in usable], (rows, cols))
+        timed_shape = (max(1, min(rows, TIMED_ELEMENTS // cols)), cols)
+        seconds = timer([(k.cubin, k.params) for k in usable], timed_shape)
         if seconds is None:       # not the target GPU: the prior's order stands
             return self._note(op, dtype, (rows, cols), usable[0])
         timed = {k.candidate: s for k, s in zip(usable, seconds)}
         fastest = min(usable, key=lambda k: timed[k.candidate])
         cas.write_atomic(choice_path, (json.dumps({"candidate": fastest.candidate, "timed": timed}) + "\n").encode())
-        self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "chosen": fastest.candidate,
-                            "timed": timed, "seconds": time.perf_counter() - began})
-        log.info("aicg: timed %s for %dx%d in %.2f s: %s", ", ".join(timed), rows, cols,
+        self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "timed_shape": list(timed_shape),
+                            "chosen": fastest.candidate, "timed": timed, "seconds": time.perf_counter() - began})
+        log.info("aicg: timed %s at %dx%d in %.2f s: %s", ", ".join(timed), *timed_shape,
                  self.events[-1]["seconds"], fastest.candidate)
         return self._note(op, dtype, (rows, cols), fastest)
 

@@ -94,7 +94,8 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
     provenance = {"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
                   "driver": gpu.driver_version, "clocks": f"before: {before}; after: {after}",
                   "method": f"every runnable realisation over row lengths {list(lab.COLS)} at {lab.ROW_ELEMENTS} "
-                            f"elements per launch: events around one launch, L2 flushed, median of "
+                            f"elements per launch and at {list(lab.FEW_ROWS)} rows: events around one launch, "
+                            f"L2 flushed, median of "
                             f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64",
                   "repetitions": lab.REPETITIONS, "device": gpu.name, "arch": gpu.arch}
     path = realisation.path_for(hwdb_dir, entry.stem)
