@@ -238,3 +238,22 @@ def test_a_candidate_that_spills_goes_to_validation_like_any_other(built):
     result = validate.run(Context(validate, instance.env))
     outcome = json.loads(next(iter(result.outputs.values())))
     assert outcome["status"] == "unvalidated" and not result.cache
+
+def test_the_summary_says_when_the_prior_measured_other_kernels_than_these(built):
+    """The realisation profile records the headers it measured; a header edited since is named."""
+    from aicg.primitives import lab
+    from aicg.semantics import ruleset
+    profile_path = built / "hwdb/nvidia-h200.realisation.json"
+    data = json.loads(profile_path.read_text())
+    assert "kernels" not in data["provenance"]      # the committed profile predates the record
+    assert "does not record which kernels it measured" in doit(built, "build", PROFILE).output
+    data["provenance"]["kernels"] = lab.kernel_digests(ruleset.load(built / "rulesets"), built / "kernels")
+    profile_path.write_text(json.dumps(data))
+    run = doit(built, "build", PROFILE)
+    assert run.code == 0 and "The plan's prior" not in run.output
+    header = built / "kernels/welford.cuh"
+    header.write_text(header.read_text() + "\n// an edit\n")
+    run = doit(built, "build", PROFILE)
+    assert "measured kernels that have changed since: welford.cuh;" in run.output
+    manifest = json.loads((built / "build/small/manifest.json").read_text())
+    assert manifest["prior"]["kernels_changed"] == ["welford.cuh"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import codegen, nvrtc, plan
+from .. import codegen, digest, nvrtc, plan
 from ..dtypes import DTYPES
 from ..ops import OPERATORS
 from ..runtime import driver
@@ -57,6 +57,14 @@ class Config:
 def configurations(ruleset, hw: dict, dtypes=DTYPES_MEASURED) -> list[Config]:
     return [Config(family.op, family.name, dtype, p) for family in ruleset.families.values() for dtype in dtypes
             for p in plan.runnable_params(family, dtype, hw)]
+
+
+def kernel_digests(ruleset, kernels_dir) -> dict[str, str]:
+    """The digest of every header the families' kernels include: what the profile measured."""
+    headers: dict[str, bytes] = {}
+    for family in ruleset.families.values():
+        headers.update(nvrtc.include_closure(family.header, kernels_dir))
+    return {name: digest.of_bytes(data) for name, data in sorted(headers.items())}
 
 
 def _compile(job: tuple) -> tuple[str, bytes]:

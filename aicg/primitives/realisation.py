@@ -94,6 +94,15 @@ def load(path: Path) -> Profile | None:
     return Profile(path, provenance, tuple(records))
 
 
+def kernels_changed(provenance: dict, headers: dict[str, bytes]) -> list[str] | None:
+    """The headers (name -> bytes, as now) whose content differs from what the profile measured;
+    None where the profile does not record it (measured before profiles recorded their kernels)."""
+    measured = provenance.get("kernels")
+    if measured is None:
+        return None
+    return sorted(name for name, data in headers.items() if measured.get(name) != digest.of_bytes(data))
+
+
 def save(path: Path, provenance: dict, records: list[dict]) -> None:
     text = json.dumps({"schema": SCHEMA, "provenance": provenance, "records": records}, separators=(",", ":"))
     cas.write_atomic(Path(path), (text.replace('},{"id"', '},\n{"id"') + "\n").encode())

@@ -14,6 +14,7 @@ import json
 import math
 
 from .. import codegen, digest, toolchain
+from ..primitives import realisation
 from ..ops import OPERATORS
 from ..semantics.legality import decide_rule
 from .step import Result, Step
@@ -102,6 +103,18 @@ def _chosen_kernel(ctx, prof, ruleset, op: str, dtype: str, pick: dict, by_id: d
                 "rules": {r: legality.rules[r].as_record()["facts"] for r in cand.rules}}}
 
 
+def _prior_record(prof, snapshot: dict[str, bytes]) -> dict | None:
+    """The realisation profile that calibrated the plan, and the kernel headers changed since it
+    measured them (None: the profile does not say which it measured)."""
+    data = snapshot.get(f"source/hwdb/{prof.target}.realisation.json")
+    if data is None or prof.prior != "measured":
+        return None
+    provenance = json.loads(data)["provenance"]
+    headers = {path.rsplit("/", 1)[1]: b for path, b in snapshot.items() if path.startswith("source/kernels/")}
+    return {"profile": f"{prof.target}.realisation.json", "device": provenance["device"], "date": provenance["date"],
+            "kernels_changed": realisation.kernels_changed(provenance, headers)}
+
+
 def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, bytes]) -> Step:
     """planned: op -> ({dtype: Legality}, [Candidate]); snapshot: the planning inputs the
     instance carries for its JIT (source/...), path -> bytes."""
@@ -157,11 +170,13 @@ def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, byt
                     "legal_families": legality.legal_families(), "considered": len(pick["candidates"]),
                 }
         manifest = {"schema": 1, **reads, "kernels": kernels, "unavailable": unavailable, "synthesis": synthesis,
+                    "prior": _prior_record(prof, snapshot),
                     "inputs": {name: ctx.env.receipt(name)["key"] for name in upstream}}
         outputs["manifest.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
         outputs["report.md"] = summary.report(manifest).encode()
         return Result(outputs)
 
     return Step("package", f"package instance {prof.name}: manifest, report and the chosen cubins", reads, run,
-                ("tasks/package.py", "tasks/summary.py", "codegen.py", "ops.py"), upstream=upstream,
+                ("tasks/package.py", "tasks/summary.py", "codegen.py", "ops.py", "primitives/realisation.py"),
+                upstream=upstream,
                 targets=("manifest.json", "report.md", *sorted(snapshot)))

@@ -97,7 +97,8 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
                             f"elements per launch and at {list(lab.FEW_ROWS)} rows: events around one launch, "
                             f"L2 flushed, median of "
                             f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64",
-                  "repetitions": lab.REPETITIONS, "device": gpu.name, "arch": gpu.arch}
+                  "repetitions": lab.REPETITIONS, "device": gpu.name, "arch": gpu.arch,
+                  "kernels": lab.kernel_digests(rules, kernels_dir)}
     path = realisation.path_for(hwdb_dir, entry.stem)
     realisation.save(path, provenance, records)
     print(f"  wrote {len(records)} measurements to {path}", file=sys.stderr, flush=True)

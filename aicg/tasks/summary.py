@@ -36,6 +36,14 @@ def table(manifest: dict) -> str:
                      f"these cubins on {manifest['target']['name']} was found; build on such a GPU (or share its cache) to validate them.")
     for name, reason in sorted(manifest["unavailable"].items()):
         notes.append(f"{name}: {reason}")
+    prior = manifest.get("prior")
+    if prior and prior["kernels_changed"] is None:
+        notes.append(f"The plan's prior, {prior['profile']} ({prior['device']}, {prior['date']}), does not record "
+                     f"which kernels it measured; `doit primitives` on the target measures the current ones.")
+    elif prior and prior["kernels_changed"]:
+        notes.append(f"The plan's prior, {prior['profile']} ({prior['device']}, {prior['date']}), measured kernels "
+                     f"that have changed since: {', '.join(prior['kernels_changed'])}; its ranking may be stale "
+                     f"until `doit primitives` runs on the target.")
     return "\n".join(lines + [""] + notes).rstrip() + "\n"
 
 
