@@ -187,3 +187,18 @@ def test_launches_of_few_rows_are_predicted_from_the_few_row_measurements(h200, 
     assert prior(family, "float32", p, (1, 32768)) == pytest.approx(few[1], rel=1e-9)
     assert without(family, "float32", p, (1, 32768)) > 2 * few[1]     # the full launches' calibration alone
     assert without(family, "float32", p, (8192, 4096)) == prior(family, "float32", p, (8192, 4096))
+
+
+def test_an_interrupted_lab_run_resumes_only_under_the_same_method(repo, shipped_ruleset, tmp_path):
+    method = lab.method(shipped_ruleset, repo / "kernels", "NVIDIA H200", "580.159.04")
+    assert set(method["kernels"]) >= {"softmax.cuh", "reduce.cuh", "row_access.cuh"}
+    partial = tmp_path / "nvidia-h200.realisation.partial.json"
+    assert lab.resume(partial, method) == []                     # nothing kept yet
+    kept = [{"id": "row_sum_tree.float32.t128.v16.warp", "cols": 64, "rows": 1, "seconds": 1e-6}]
+    lab.checkpoint(partial, method, kept)
+    assert lab.resume(partial, method) == kept
+    edited = {**method, "kernels": {**method["kernels"], "reduce.cuh": "another digest"}}
+    assert lab.resume(partial, edited) == []                     # other kernels: measured again
+    assert lab.resume(partial, {**method, "driver": "581.0"}) == []
+    partial.write_text("{ not json")
+    assert lab.resume(partial, method) == []

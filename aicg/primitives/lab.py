@@ -21,14 +21,16 @@ holds the GIL) before anything runs on the device.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from .. import codegen, digest, nvrtc, plan
+from .. import cas, codegen, digest, nvrtc, plan
 from ..dtypes import DTYPES
 from ..ops import OPERATORS
 from ..runtime import driver
@@ -95,9 +97,34 @@ def _drift(kernel, buffers: check.Buffers, params: dict, inputs, ref, scale, dty
     return drift, first.tobytes() == again.tobytes() == split.tobytes()
 
 
-def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, progress=print) -> list[dict]:
+def method(ruleset, kernels_dir, device: str, driver_version: str) -> dict:
+    """What makes two lab runs' records comparable: the kernels, the grid, the repetitions, the GPU."""
+    return {"kernels": kernel_digests(ruleset, kernels_dir), "cols": list(COLS), "few_rows": list(FEW_ROWS),
+            "row_elements": ROW_ELEMENTS, "repetitions": REPETITIONS, "drift_rows": DRIFT_ROWS,
+            "device": device, "driver": driver_version}
+
+
+def checkpoint(path: Path, run_method: dict, records: list[dict]) -> None:
+    """Keep what a run has measured so far: a run stopped midway resumes from it."""
+    cas.write_atomic(Path(path), json.dumps({"method": run_method, "records": records}).encode())
+
+
+def resume(path: Path, run_method: dict) -> list[dict]:
+    """The records an interrupted run of the same method kept at `path`; none if there is no such run."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    try:
+        kept = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return []
+    return kept["records"] if kept.get("method") == run_method else []
+
+
+def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, progress=print,
+            keep=None) -> list[dict]:
     """One record per (config, row length, row count: FEW_ROWS and the full launch): seconds, bytes
-    moved, drift, bit stability."""
+    moved, drift, bit stability. `keep(records so far)` runs after each operator and dtype."""
     rng = np.random.default_rng()
     records = []
     by_case: dict[tuple, list[Config]] = {}
@@ -138,4 +165,6 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
                 best = min((r for r in mine if r["cols"] == cols and r["rows"] == full), key=lambda r: r["seconds"])
                 progress(f"  {op_name:9s} {dtype_name:8s} cols {cols:5d}: {len(group):3d} realisations, best "
                          f"{best['bytes'] / best['seconds'] / 1e12:.2f} TB/s ({best['id']})")
+            if keep is not None:
+                keep(records)
     return records

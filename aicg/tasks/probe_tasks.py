@@ -83,11 +83,21 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
         limits = plan_inputs.values(plan_inputs.resolve(hw.load(entry)))
         rules = ruleset_loader.load(rules_dir)
         configs = lab.configurations(rules, limits)
-        print(f"  compiling {len(configs)} realisations for {gpu.arch}", file=sys.stderr, flush=True)
-        cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch)
+        # A run stopped midway (a time limit, a lost node) kept what it measured; the same
+        # method on the same GPU resumes from it.
+        partial = hwdb_dir / f"{entry.stem}.realisation.partial.json"
+        run_method = lab.method(rules, kernels_dir, gpu.name, gpu.driver_version)
+        earlier = lab.resume(partial, run_method)
+        done = {r["id"] for r in earlier}
+        todo = [c for c in configs if c.id not in done]
+        if earlier:
+            print(f"  resuming: {len(done)} realisations measured by an interrupted run", file=sys.stderr, flush=True)
+        print(f"  compiling {len(todo)} realisations for {gpu.arch}", file=sys.stderr, flush=True)
+        cubins = lab.compile_all(todo, rules, kernels_dir, gpu.arch)
         before = gpu.clocks()
-        records = lab.measure(configs, cubins, gpu.attributes["L2_CACHE_SIZE"],
-                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+        records = earlier + lab.measure(todo, cubins, gpu.attributes["L2_CACHE_SIZE"],
+                                        progress=lambda line: print(line, file=sys.stderr, flush=True),
+                                        keep=lambda new: lab.checkpoint(partial, run_method, earlier + new))
         after = gpu.clocks()
     except (DeviceError, CompileError, InputError) as err:
         return TaskFailed(f"primitives: {err}")
@@ -98,9 +108,12 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
                             f"L2 flushed, median of "
                             f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64",
                   "repetitions": lab.REPETITIONS, "device": gpu.name, "arch": gpu.arch,
-                  "kernels": lab.kernel_digests(rules, kernels_dir)}
+                  "kernels": run_method["kernels"]}
+    if earlier:
+        provenance["method"] += f"; {len(done)} realisations measured by an earlier, interrupted run of the same method"
     path = realisation.path_for(hwdb_dir, entry.stem)
     realisation.save(path, provenance, records)
+    partial.unlink(missing_ok=True)
     print(f"  wrote {len(records)} measurements to {path}", file=sys.stderr, flush=True)
     return {"profile": str(path)}
 

@@ -2,7 +2,8 @@
 # One call on a GPU node: optionally re-measure the realisation profile, build
 # instances (validating and timing their candidates), then benchmark them against
 # their peers (tests/bench/test_memory_bound.py).
-#   PRIMITIVES_SECONDS=540   (run `doit primitives` first; the new profile is copied to $OUT)
+#   PRIMITIVES_SECONDS=540   (run `doit primitives` first; the new profile is copied to $OUT, or, if
+#                             stopped, hwdb/<gpu>.realisation.partial.json: carry it back to resume)
 #   PROFILES="rulesets/profiles/default.toml rulesets/profiles/fused.toml"
 #   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300
 # Results go to $OUT (or ./device-out); carried wheels in .whl/ are installed first.
@@ -17,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$OUT/gpu.txt"
 if [ "${PRIMITIVES_SECONDS:-0}" -gt 0 ]; then
   timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives 2>&1 | tee "$OUT/primitives.log" | tail -45
-  cp hwdb/*.realisation.json "$OUT/" 2>/dev/null
+  cp hwdb/*.realisation*.json "$OUT/" 2>/dev/null
 fi
 instances=()
 for profile in $PROFILES; do
