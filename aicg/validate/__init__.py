@@ -37,12 +37,9 @@ def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, pa
                        tolerance, deterministic: bool, bitwise: bool, check_shapes, timed_shapes, trials: int,
                        repetitions: int) -> dict:
     dev = driver.probe_device()
-    if dev is None:
-        return {"status": "unvalidated", "reason": "no GPU on this machine"}
-    if dev.name != hardware.name or dev.compute_capability != hardware.compute_capability:
-        return {"status": "unvalidated",
-                "reason": f"this machine's GPU is {dev.name} (sm_{dev.compute_capability[0]}{dev.compute_capability[1]}), "
-                          f"not the target {hardware.name}"}
+    reason = _not_the_target(dev, hardware)
+    if reason:
+        return {"status": "unvalidated", "reason": reason}
     from . import check
     return check.run(cubin, op, dtype, params, tolerance=tolerance, deterministic=deterministic, bitwise=bitwise,
                      check_shapes=check_shapes, timed_shapes=timed_shapes, trials=trials,
@@ -50,11 +47,21 @@ def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, pa
                      peak_bytes_per_second=hardware.fact("dram_bandwidth"))
 
 
+def _not_the_target(dev, hardware: Hardware) -> str | None:
+    """Why this machine's GPU cannot stand for the target; None where it can."""
+    if dev is None:
+        return "no GPU on this machine"
+    if dev.name != hardware.name or dev.compute_capability != hardware.compute_capability:
+        return (f"this machine's GPU is {dev.name} (sm_{dev.compute_capability[0]}{dev.compute_capability[1]}), "
+                f"not the target {hardware.name}")
+    return None
+
+
 def time_on_device(kernels: list[tuple[bytes, dict]], hardware: Hardware, op: str, dtype: str, shape,
                    repetitions: int) -> list[float] | None:
     """Median seconds of each (cubin, params) at `shape` on this machine's GPU; None unless it is the target."""
     dev = driver.probe_device()
-    if dev is None or dev.name != hardware.name or dev.compute_capability != hardware.compute_capability:
+    if _not_the_target(dev, hardware):
         return None
     from . import check
     return check.time_kernels(kernels, op, dtype, shape, repetitions, dev)

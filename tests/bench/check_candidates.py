@@ -4,8 +4,8 @@ kernel change before the lab or a build spends minutes on it.
     python tests/bench/check_candidates.py [--shapes 4096x32768,1x65536] CANDIDATE_ID...
 
 A candidate id is the planner's (family.dtype.tTHREADS.vBYTES.TOPOLOGY[.cN][.fastexp]). Each one is
-compiled, checked against float64 on the awkward shapes and the given shapes under the tolerance
-preset's bounds (deterministic: two runs must agree bit for bit), then timed at the given shapes.
+compiled, checked against float64 on the awkward shapes and the given shapes under a preservation
+preset's bounds (--preset, default tolerance; rulesets/preservation.toml), then timed at the given shapes.
 Exits non-zero if any candidate fails.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ from aicg.semantics import ruleset  # noqa: E402
 
 ID = re.compile(r"(?P<family>\w+)\.(?P<dtype>\w+)\.t(?P<threads>\d+)\.v(?P<vec>\d+)\.(?P<topology>\w+?)"
                 r"(?:\.c(?P<cache>\d+))?(?P<fast>\.fastexp)?$")
-TOLERANCE = {"float32": (1e-5, 1e-7), "bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}
 
 
 def params_of(candidate: str) -> tuple[str, str, dict]:
@@ -40,10 +39,12 @@ def main() -> int:
     parser.add_argument("candidates", nargs="+")
     parser.add_argument("--shapes", default="4096x32768,32768x4096,1x65536")
     parser.add_argument("--target", default="nvidia-h200")
+    parser.add_argument("--preset", default="tolerance")
     args = parser.parse_args()
     shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
     rules = ruleset.load(ROOT / "rulesets")
     hardware = hw.load(ROOT / "hwdb" / f"{args.target}.toml")
+    preset = rules.presets[args.preset]
     failed = 0
     for candidate in args.candidates:
         family_name, dtype, params = params_of(candidate)
@@ -51,8 +52,9 @@ def main() -> int:
         cubin, report = nvrtc.compile_cubin(codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
                                             nvrtc.include_closure(family.header, ROOT / "kernels"), hardware.arch)[:2]
         result = validate.validate_on_device(
-            cubin, hardware, family.op, dtype, params, tolerance=TOLERANCE[dtype], deterministic=True,
-            bitwise=False, check_shapes=validate.AWKWARD_SHAPES + shapes, timed_shapes=shapes, trials=2,
+            cubin, hardware, family.op, dtype, params, tolerance=preset.tolerance[dtype],
+            deterministic=preset.axes["deterministic"], bitwise=preset.axes["order"] == "reference",
+            check_shapes=validate.AWKWARD_SHAPES + shapes, timed_shapes=shapes, trials=2,
             repetitions=10)
         failed += result["status"] != "passed"
         times = " ".join(f"{t['shape'][0]}x{t['shape'][1]} {t['median_seconds'] * 1e6:.1f} us "
