@@ -149,3 +149,15 @@ def test_a_kernel_writing_outside_its_output_is_seen(monkeypatch, extra, outside
     y = b.run_poisoned(RowSumWriting(extra), PARAMS)
     assert y.view("float32").tolist() == [1.0] * 10    # the output itself, guards left out
     assert b.wrote_outside is outside
+
+
+@pytest.mark.parametrize("stored, right", [(float("inf"), True), (float("-inf"), False), (65504.0, False)])
+def test_a_result_past_the_dtype_range_must_be_stored_as_an_infinity_of_its_sign(stored, right):
+    import numpy as np
+    f16, rows, cols = DTYPES["float16"], 2, 32768
+    x = np.full((rows, cols), 3.0, dtype=np.float32)
+    x[1] = 1e-3                                     # the second row's sum, 32.8, stays in range
+    y = np.array([stored, 32.768], dtype=np.float32)
+    result = check._compare(OPERATORS["row_sum"], f16, {"x": f16.encode(x)}, f16.encode(y), rows, cols,
+                            (1e-3, 1e-5))
+    assert result["within_bound"] is right
