@@ -159,19 +159,39 @@ struct RowStream {
 // lane of the row group holds all CACHE packs (a row of exactly
 // lanes * V * CACHE elements), so no slot is tested at all; otherwise each
 // loop tests one pack count, not every element's index.
-template <int V, int CACHE, typename T, bool FULL>
+// FLOATS: slots hold floats, so that update() can keep values of no stored
+// type (softmax's exp); otherwise they hold the packs as loaded, converted
+// at each use: half the slot registers for 16-bit types, and no conversion
+// between one load and the next (converting after each load, ptxas reused
+// one register set and made each tiny row's load wait for the row before).
+template <bool B, typename A, typename C> struct pick { using type = A; };
+template <typename A, typename C> struct pick<false, A, C> { using type = C; };
+
+template <int V, int CACHE, typename T, bool FULL, bool FLOATS = false>
 struct RowCache {
   static constexpr bool in_registers = true;
-  static constexpr int SLOTS = CACHE * V;
-  float v[SLOTS];
+  static constexpr int pack = V, packs = CACHE;
+  static constexpr bool full = FULL;
+  using Element = T;
+  using Slot = typename pick<FLOATS, float, T>::type;
+  Pack<Slot, V> slot[CACHE];
   int cols, lane, lanes, held;
 
-  // The first element of slot group u (a pack, or one element when V == 1).
+  // The first element of slot u (a pack, or one element when V == 1).
   __device__ __forceinline__ int start(int u) const { return (lane + u * lanes) * V; }
   __device__ __forceinline__ bool holds(int u) const { return FULL || u < held; }
 
   RowCache() = default;
   __device__ __forceinline__ RowCache(const T* row, int cols_, int lane_, int lanes_) { load(row, cols_, lane_, lanes_); }
+  // Hold `packed`'s row, its slots converted to floats.
+  template <typename Packed>
+  __device__ __forceinline__ void convert(const Packed& packed) {
+    cols = packed.cols, lane = packed.lane, lanes = packed.lanes, held = packed.held;
+#pragma unroll
+    for (int u = 0; u < CACHE; ++u)
+#pragma unroll
+      for (int k = 0; k < V; ++k) slot[u].v[k] = to_float(packed.slot[u].v[k]);
+  }
 
   __device__ __forceinline__ void load(const T* row, int cols_, int lane_, int lanes_) {
     cols = cols_, lane = lane_, lanes = lanes_, held = (cols_ / V - lane_ + lanes_ - 1) / lanes_;
@@ -179,8 +199,12 @@ struct RowCache {
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
       const Pack<T, V> p = load_pack<V>(row + start(u));
+      if constexpr (FLOATS) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[u * V + k] = to_float(p.v[k]);
+        for (int k = 0; k < V; ++k) slot[u].v[k] = to_float(p.v[k]);
+      } else {
+        slot[u] = p;
+      }
     }
   }
 
@@ -190,18 +214,19 @@ struct RowCache {
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
 #pragma unroll
-      for (int k = 0; k < V; ++k) f(start(u) + k, v[u * V + k]);
+      for (int k = 0; k < V; ++k) f(start(u) + k, to_float(slot[u].v[k]));
     }
   }
 
   // Replace every held x_j by f(j, x_j), visiting elements in the order of each().
   template <typename F>
   __device__ __forceinline__ void update(F&& f) {
+    static_assert(sizeof(Slot) == sizeof(float), "update() keeps floats: hold a 16-bit row with FLOATS");
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[u * V + k] = f(start(u) + k, v[u * V + k]);
+      for (int k = 0; k < V; ++k) slot[u].v[k] = f(start(u) + k, slot[u].v[k]);
     }
   }
 
@@ -211,7 +236,10 @@ struct RowCache {
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
       const int at = start(u);
-      store_pack<V>(y + at, map_floats<V>(reinterpret_cast<const float(&)[V]>(v[u * V]), w, b, at, g));
+      float x[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) x[k] = to_float(slot[u].v[k]);
+      store_pack<V>(y + at, map_floats<V>(x, w, b, at, g));
     }
   }
 };
@@ -225,6 +253,19 @@ constexpr int TINY_ROW = 4;
 template <typename R> struct held_in_registers { static constexpr bool value = R::in_registers; };
 template <typename R> struct held_in_registers<R&> : held_in_registers<R> {};
 
+// body(r) for a row held as `packed` holds it, or, for a body that updates a
+// 16-bit row (FLOATS), as floats converted after every load was issued.
+template <bool FLOATS, typename Packed, typename Body>
+__device__ __forceinline__ void as_held(Packed packed, Body&& body) {
+  if constexpr (FLOATS && sizeof(typename Packed::Slot) != sizeof(float)) {
+    RowCache<Packed::pack, Packed::packs, typename Packed::Element, Packed::full, true> floats;
+    floats.convert(packed);
+    body(floats);
+  } else {
+    body(packed);
+  }
+}
+
 // Run body(row) with the row held in registers when CACHE slots per lane
 // hold it, streamed from memory otherwise. The choice depends only on cols,
 // the row stride and the lane count, so every thread of a row group takes
@@ -232,16 +273,14 @@ template <typename R> struct held_in_registers<R&> : held_in_registers<R> {};
 // allow packs: holding it element by element (CACHE * V strided slots) made
 // ptxas spill, or take 90 registers where the packed path takes 56, in
 // kernels that never see such a row on their workload.
-template <int V, int CACHE, typename T, typename Body>
+template <int V, int CACHE, bool FLOATS, typename T, typename Body>
 __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int lanes, bool vectorised, Body&& body) {
   if constexpr (CACHE > 0) {
     if ((V == 1 || vectorised) && cols <= lanes * V * CACHE) {
       if (cols == lanes * V * CACHE) {
-        RowCache<V, CACHE, T, true> cached(row, cols, lane, lanes);
-        body(cached);
+        as_held<FLOATS>(RowCache<V, CACHE, T, true>(row, cols, lane, lanes), body);
       } else {
-        RowCache<V, CACHE, T, false> cached(row, cols, lane, lanes);
-        body(cached);
+        as_held<FLOATS>(RowCache<V, CACHE, T, false>(row, cols, lane, lanes), body);
       }
       return;
     }
@@ -250,18 +289,19 @@ __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int l
   body(streamed);
 }
 
-// body(row, r) for each row this thread serves, r as with_row gives it. A
-// thread serving several rows loads all of them first when they are tiny;
-// each row still meets its elements in order, so the bits are those of one
-// row per thread.
-template <int THREADS, int TOPOLOGY, int V, int CACHE, typename T, typename Body>
+// body(row, r) for each row this thread serves, r as with_row gives it
+// (FLOATS: as with_row). A thread serving several rows loads all of them
+// first when they are tiny; each row still meets its elements in order, so
+// the bits are those of one row per thread.
+template <int THREADS, int TOPOLOGY, int V, int CACHE, bool FLOATS = false, typename T, typename Body>
 __device__ __forceinline__ void each_row(const T* x, int rows, int cols, int x_stride, bool vectorised, Body&& body) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   constexpr int R = G::rows_per_thread;
   if constexpr (R == 1) {
     const long long row = G::row();
     if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
-    with_row<V, CACHE>(x + row * x_stride, cols, G::lane(), G::lanes, vectorised, [&](auto& r) { body(row, r); });
+    with_row<V, CACHE, FLOATS>(x + row * x_stride, cols, G::lane(), G::lanes, vectorised,
+                               [&](auto& r) { body(row, r); });
   } else {
     static_assert(G::lanes == 1, "several rows per thread: one lane per row");
     if (cols <= TINY_ROW) {
@@ -271,11 +311,12 @@ __device__ __forceinline__ void each_row(const T* x, int rows, int cols, int x_s
         if (G::row(u) < rows) held[u].load(x + G::row(u) * x_stride, cols, 0, 1);
 #pragma unroll
       for (int u = 0; u < R; ++u)
-        if (G::row(u) < rows) body(G::row(u), held[u]);
+        if (G::row(u) < rows) as_held<FLOATS>(held[u], [&](auto& r) { body(G::row(u), r); });
     } else {
       for (int u = 0; u < R; ++u) {
         const long long row = G::row(u);
-        if (row < rows) with_row<V, CACHE>(x + row * x_stride, cols, 0, 1, vectorised, [&](auto& r) { body(row, r); });
+        if (row < rows) with_row<V, CACHE, FLOATS>(x + row * x_stride, cols, 0, 1, vectorised,
+                                                   [&](auto& r) { body(row, r); });
       }
     }
   }

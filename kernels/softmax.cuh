@@ -20,8 +20,8 @@ namespace aicg {
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
                                                 int rows, int cols, int x_stride) {
-  each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
-                                          [&](long long row, auto& r) {
+  each_row<THREADS, TOPOLOGY, VEC, CACHE, true>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
+                                                [&](long long row, auto& r) {
     float m = ShiftMax().identity();
     r.each([&](int, float v) { m = ShiftMax()(m, v); });
     m = row_reduce<THREADS, TOPOLOGY>(m, ShiftMax());
