@@ -1,12 +1,13 @@
 """Validate and time named candidates on this node's GPU, outside any build: a quick look at a
 kernel change before the lab or a build spends minutes on it.
 
-    python tests/bench/check_candidates.py [--shapes 4096x32768,1x65536] CANDIDATE_ID...
+    python tests/bench/check_candidates.py [--shapes 4096x32768,1x65536] [--kernels DIR] CANDIDATE_ID...
 
 A candidate id is the planner's (family.dtype.tTHREADS.vBYTES.TOPOLOGY[.cN][.fastexp]). Each one is
 compiled, checked against float64 on the awkward shapes and the given shapes under a preservation
 preset's bounds (--preset, default tolerance; rulesets/preservation.toml), then timed at the given shapes.
-Exits non-zero if any candidate fails.
+--kernels takes the headers from another directory (an earlier commit's kernels/, say), so that a
+change and what it replaces are timed in the same run. Exits non-zero if any candidate fails.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="4096x32768,32768x4096,1x65536")
     parser.add_argument("--target", default="nvidia-h200")
     parser.add_argument("--preset", default="tolerance")
+    parser.add_argument("--kernels", type=Path, default=ROOT / "kernels")
     args = parser.parse_args()
     shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
     rules = ruleset.load(ROOT / "rulesets")
@@ -50,7 +52,7 @@ def main() -> int:
         family_name, dtype, params = params_of(candidate)
         family = rules.families[family_name]
         cubin, report = nvrtc.compile_cubin(codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
-                                            nvrtc.include_closure(family.header, ROOT / "kernels"), hardware.arch)[:2]
+                                            nvrtc.include_closure(family.header, args.kernels), hardware.arch)[:2]
         result = validate.validate_on_device(
             cubin, hardware, family.op, dtype, params, tolerance=preset.tolerance[dtype],
             deterministic=preset.axes["deterministic"], bitwise=preset.axes["order"] == "reference",

@@ -5,7 +5,7 @@
 #   PRIMITIVES_SECONDS=540   (run `doit primitives` first; the new profile is copied to $OUT, or, if
 #                             stopped, hwdb/<gpu>.realisation.partial.json: carry it back to resume)
 #   PROFILES="rulesets/profiles/default.toml rulesets/profiles/fused.toml"
-#   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300
+#   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300  GRID_SELECT="4194304x1 or 1x65536" (a -k expression)
 # Results go to $OUT (or ./device-out); carried wheels in .whl/ are installed first.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
@@ -29,13 +29,13 @@ for profile in $PROFILES; do
 done
 tar czf "$OUT/instances.tgz" "${instances[@]}"
 instance=$(IFS=,; echo "${instances[*]}")
-bench() {   # bench SUITE SECONDS: stopped at the limit; the JSON holds every case finished by then
+bench() {   # bench SUITE SECONDS [-k EXPRESSION]: stopped at the limit; the JSON holds every case finished by then
   AICG_INSTANCE=$instance AICG_BENCH_JSON="$OUT/bench-$1.json" timeout -s INT "$2" \
-    python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "$1" -q -p no:cacheprovider \
+    python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "$1${3:+ and ($3)}" -q -p no:cacheprovider \
     --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$OUT/bench-$1.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60
 }
 bench acceptance "${ACCEPTANCE_SECONDS:-120}"
 if [ -n "${GPU_TESTS:-}" ]; then
   timeout "${GPU_TEST_SECONDS:-200}" python3 -m pytest -m gpu $GPU_TESTS -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
-[ "${GRID_SECONDS:-0}" -gt 0 ] && bench grid "$GRID_SECONDS"
+[ "${GRID_SECONDS:-0}" -gt 0 ] && bench grid "$GRID_SECONDS" "${GRID_SELECT:-}"
