@@ -27,6 +27,12 @@ RECORDED = [   # (run, summary line the table ends with)
                                           "and Triton, 14 validated, 14 at >= 0.9x the best peer"),
     ("2026-12-01-h200-grid-few-rows-and-tiny.json", "40 cases: 5 at >= 95% of the copy, 7 at >= 1.0x both "
                                                     "torch.compile and Triton, 40 validated, 14 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-5-before.json", "20 cases: 10 at >= 95% of the copy, 3 at >= 1.0x both "
+                                                 "torch.compile and Triton, 20 validated, 20 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-5.json", "20 cases: 12 at >= 95% of the copy, 2 at >= 1.0x both torch.compile "
+                                          "and Triton, 20 validated, 20 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-5.json", "150 cases: 21 at >= 95% of the copy, 61 at >= 1.0x both torch.compile "
+                                    "and Triton, 150 validated, 106 at >= 0.9x the best peer"),
 ]
 
 
