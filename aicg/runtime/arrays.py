@@ -7,11 +7,10 @@ input, and which stream is current.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class DeviceArray:
+class DeviceArray(NamedTuple):   # a tuple: built on every call, it must be cheap to make
     obj: object
     ptr: int
     shape: tuple[int, ...]
@@ -63,7 +62,7 @@ def _torch_view(t, what: str) -> DeviceArray:
         raise TypeError(f"{what}: expected an array in GPU memory, got one in host memory")
     shape = tuple(t.shape)
     stride = shape[-1] if t.is_contiguous() else row_stride(what, shape, t.stride())
-    return DeviceArray(t, t.data_ptr(), shape, str(t.dtype).rsplit(".", 1)[-1], t.device.index, stride)
+    return DeviceArray(t, t.data_ptr(), shape, str(t.dtype).rsplit(".", 1)[-1], t.get_device(), stride)
 
 
 def view(obj, what: str) -> DeviceArray:
@@ -84,25 +83,34 @@ def _framework(obj) -> str:
     return type(obj).__module__.split(".", 1)[0]
 
 
-_ALLOCATE = {
-    "torch": lambda like, shape: like.new_empty(shape),
-    "cupy": lambda like, shape: sys.modules["cupy"].empty(shape, dtype=like.dtype),
+_ALLOCATE = {   # (a new array shaped `shape` like `like`, its device address)
+    "torch": lambda like, shape: (lambda a: (a, a.data_ptr()))(like.new_empty(shape)),
+    "cupy": lambda like, shape: (lambda a: (a, a.data.ptr))(sys.modules["cupy"].empty(shape, dtype=like.dtype)),
 }
+
+
+def _torch_stream(like, device: int) -> int:
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # the pointer, with no Stream object built
+    return raw(device) if raw is not None else torch.cuda.current_stream(like.device).cuda_stream
+
 
 _CURRENT_STREAM = {
-    "torch": lambda like: sys.modules["torch"].cuda.current_stream(like.device).cuda_stream,
-    "cupy": lambda like: sys.modules["cupy"].cuda.get_current_stream().ptr,
+    "torch": _torch_stream,
+    "cupy": lambda like, device: sys.modules["cupy"].cuda.get_current_stream().ptr,
 }
 
 
-def empty_like(obj, shape: tuple[int, ...]):
-    framework = _framework(obj)
+def empty_like(like: DeviceArray, shape: tuple[int, ...]) -> DeviceArray:
+    """A new dense array of `shape`, of the framework, dtype and device of `like`."""
+    framework = _framework(like.obj)
     if framework not in _ALLOCATE:
-        raise TypeError(f"cannot allocate an output like a {type(obj).__name__}; pass out=")
-    return _ALLOCATE[framework](obj, shape)
+        raise TypeError(f"cannot allocate an output like a {type(like.obj).__name__}; pass out=")
+    array, ptr = _ALLOCATE[framework](like.obj, shape)
+    return DeviceArray(array, ptr, tuple(shape), like.dtype, like.device, shape[-1] if shape else 1)
 
 
-def current_stream(obj) -> int:
-    """The stream the input's framework is issuing work on (0, the legacy default, if unknown)."""
-    framework = _framework(obj)
-    return _CURRENT_STREAM[framework](obj) if framework in _CURRENT_STREAM else 0
+def current_stream(like: DeviceArray) -> int:
+    """The stream the array's framework is issuing work on (0, the legacy default, if unknown)."""
+    framework = _framework(like.obj)
+    return _CURRENT_STREAM[framework](like.obj, like.device) if framework in _CURRENT_STREAM else 0

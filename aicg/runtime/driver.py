@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from ..errors import DeviceError
 
 
+@functools.cache
 def _cu():
     from cuda.bindings import driver
     return driver
@@ -107,6 +109,37 @@ def _dim3(value) -> tuple[int, int, int]:
     return int(x), int(y), int(z)
 
 
+class Launcher:
+    """Launches of one kernel with one argument signature (`kinds`, as in Kernel.launch). Its
+    argument slots are kept between launches, one set per thread: cuda-python packing a tuple
+    of values anew on every launch costs microseconds of host time per call."""
+
+    def __init__(self, function, kinds: tuple[str, ...]):
+        self.function, self.kinds = function, tuple(kinds)
+        self._per_thread = threading.local()
+
+    def slots(self) -> tuple[list, int]:
+        """(this thread's argument values, the address of the array of pointers to them)."""
+        try:
+            return self._per_thread.slots
+        except AttributeError:
+            values = [_CTYPES[kind]() for kind in self.kinds]
+            pointers = (ctypes.c_void_p * max(1, len(values)))(*(ctypes.addressof(v) for v in values))
+            # the pointer array is kept alive with the values it points to
+            self._per_thread.slots = (values, ctypes.addressof(pointers))
+            self._per_thread.pointers = pointers
+            return self._per_thread.slots
+
+    def __call__(self, grid: tuple[int, int, int], block: tuple[int, int, int], values, stream: int = 0,
+                 shared_bytes: int = 0) -> None:
+        slots, address = self.slots()
+        if len(values) != len(slots):
+            raise TypeError(f"a launch of {len(slots)} arguments was given {len(values)}")
+        for slot, value in zip(slots, values):
+            slot.value = value
+        check(_cu().cuLaunchKernel(self.function, *grid, *block, shared_bytes, stream, address, 0))
+
+
 class Kernel:
     """One entry of a loaded cubin."""
 
@@ -115,13 +148,19 @@ class Kernel:
         image = np.frombuffer(cubin, dtype=np.uint8)
         self.module = check(_cu().cuModuleLoadData(image.ctypes.data))
         self.function = check(_cu().cuModuleGetFunction(self.module, entry.encode()))
+        self._launchers: dict[tuple[str, ...], Launcher] = {}
+
+    def launcher(self, kinds: tuple[str, ...]) -> Launcher:
+        """The launcher for arguments of these kinds ('ptr', 'int', 'float', 'u32', 'u64', 'i64')."""
+        kinds = tuple(kinds)
+        if kinds not in self._launchers:
+            self._launchers[kinds] = Launcher(self.function, kinds)
+        return self._launchers[kinds]
 
     def launch(self, grid, block, args: list[tuple[object, str]], stream: int = 0, shared_bytes: int = 0) -> None:
         """Launch on `stream`; grid and block are an int or an (x, y, z) tuple."""
-        values = tuple(args_value for args_value, _ in args)
-        types = tuple(_CTYPES[kind] for _, kind in args)
-        check(_cu().cuLaunchKernel(self.function, *_dim3(grid), *_dim3(block), shared_bytes, stream,
-                                   (values, types), 0))
+        self.launcher(tuple(kind for _, kind in args))(_dim3(grid), _dim3(block), [value for value, _ in args],
+                                                       stream, shared_bytes)
 
     def allow_shared_bytes(self, nbytes: int) -> None:
         """Raise the entry's dynamic shared memory limit (above 48 KB needs an opt-in)."""

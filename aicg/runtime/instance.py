@@ -58,18 +58,27 @@ class OpKernels:
         self.instance, self.op, self.entries = instance, OPERATORS[op], entries
         self.inputs = (*self.op.matrices, *self.op.vectors)   # named inputs after x, in call order
         self._loaded: dict[tuple[str, int], driver.Kernel] = {}
-        self._by_shape: dict[tuple, tuple[driver.Kernel, dict, dict]] = {}
+        self._by_shape: dict[tuple, tuple] = {}   # (dtype, device, rows, cols) -> _launch_for
         self.chosen: dict[tuple, str] = {}   # (dtype, rows, cols) -> the candidate that ran there
 
-    def _kernel(self, dtype: str, device: int, rows: int, cols: int) -> tuple[driver.Kernel, dict, dict]:
-        """(kernel, manifest entry, the parameters of the variant that serves this shape)."""
+    def _launch_for(self, dtype: str, device: int, rows: int, cols: int) -> tuple:
+        """(launcher, argument names in order, grid, block) of the kernel that serves this shape."""
         key = (dtype, device, rows, cols)
         if key not in self._by_shape:
             if len(self._by_shape) > 4096:    # many distinct shapes: keep the lookup bounded
                 self._by_shape.clear()
                 self.chosen.clear()
-            self._by_shape[key] = self._find_kernel(dtype, device, rows, cols)
+            kernel, entry, params = self._find_kernel(dtype, device, rows, cols)
+            names = tuple(entry["arguments"])
+            grid, block = codegen.launch_geometry(params, rows)
+            self._by_shape[key] = (kernel.launcher(tuple(self._kind(n) for n in names)), names, (grid, 1, 1),
+                                   (block, 1, 1))
         return self._by_shape[key]
+
+    def _kind(self, argument: str) -> str:
+        if argument in ("rows", "cols") or argument.endswith("_stride"):
+            return "int"
+        return "float" if argument in dict(self.op.scalars) else "ptr"
 
     def _find_kernel(self, dtype: str, device: int, rows: int, cols: int) -> tuple[driver.Kernel, dict, dict]:
         entry = self.entries.get(dtype)
@@ -143,7 +152,7 @@ class OpKernels:
             raise ValueError("x: expected at least one dimension (rows are the last one)")
         cols = xv.shape[-1]
         rows = math.prod(xv.shape[:-1])
-        kernel, entry, params = self._kernel(xv.dtype, xv.device, max(rows, 1), max(cols, 1))
+        launch, arguments, grid, block = self._launch_for(xv.dtype, xv.device, max(rows, 1), max(cols, 1))
         vector_views = []
         for name, v in zip(named, inputs):
             vv = arrays.view(v, name)
@@ -155,26 +164,26 @@ class OpKernels:
             vector_views.append(vv)
         out_shape = tuple(xv.shape) if op.output == "matrix" else tuple(xv.shape[:-1])
         if out is None:
-            out = arrays.empty_like(x, out_shape)
-        ov = arrays.view(out, "out")
-        if ov.shape != out_shape or ov.dtype != xv.dtype:
-            raise ValueError(f"out: expected shape {out_shape} and dtype {xv.dtype}, got {ov.shape} {ov.dtype}")
-        if not ov.dense:   # only inputs may be strided: kernels write their output densely
-            raise ValueError(f"out: expected a contiguous array, got rows {ov.row_stride} elements apart")
+            ov = arrays.empty_like(xv, out_shape)
+        else:
+            ov = arrays.view(out, "out")
+            if ov.shape != out_shape or ov.dtype != xv.dtype:
+                raise ValueError(f"out: expected shape {out_shape} and dtype {xv.dtype}, got {ov.shape} {ov.dtype}")
+            if not ov.dense:   # only inputs may be strided: kernels write their output densely
+                raise ValueError(f"out: expected a contiguous array, got rows {ov.row_stride} elements apart")
         if rows == 0 or cols == 0:
-            return out
+            return ov.obj
         if rows >= 2**31 or cols >= 2**31 or max([xv.row_stride] + [v.row_stride for v in vector_views]) >= 2**31:
             raise ValueError(f"x: rows, cols and row strides must each be below 2**31, got {rows} x {cols}")
-        values = {"x": (xv.ptr, "ptr"), "y": (ov.ptr, "ptr"), "rows": (rows, "int"), "cols": (cols, "int"),
-                  "x_stride": (xv.row_stride, "int")}
-        values.update({name: (vv.ptr, "ptr") for name, vv in zip(named, vector_views)})
-        values.update({f"{name}_stride": (vv.row_stride, "int") for name, vv in zip(named, vector_views)
-                       if name in op.matrices})
-        values.update({name: (float(scalars.get(name, default)), "float") for name, default in op.scalars})
-        grid, block = codegen.launch_geometry(params, rows)
-        kernel.launch(grid, block, [values[n] for n in entry["arguments"]],
-                      arrays.current_stream(x) if stream is None else int(stream))
-        return out
+        values = {"x": xv.ptr, "y": ov.ptr, "rows": rows, "cols": cols, "x_stride": xv.row_stride}
+        for name, vv in zip(named, vector_views):
+            values[name] = vv.ptr
+            if name in op.matrices:
+                values[f"{name}_stride"] = vv.row_stride
+        for name, default in op.scalars:
+            values[name] = float(scalars.get(name, default))
+        launch(grid, block, [values[n] for n in arguments], arrays.current_stream(xv) if stream is None else int(stream))
+        return ov.obj
 
 
 class Instance:
