@@ -5,9 +5,20 @@ into the compile key, so no file read behind the key's back can change a
 cubin. The resource report (registers, shared memory, spills) comes from
 ptxas' verbose output; lines that vary between runs (timings) are dropped
 so that the same inputs give the same artifact.
+
+NVRTC (12.9 and later) also keeps compiled programs in the CUDA driver's
+compute cache wherever a driver is installed, and a program it finds there
+comes back without ptxas' report: on the H200 node a candidate compiled a
+second time reported 0 registers and no spills. aicg's store already keeps
+every compile with its report, so NVRTC's cache is turned off through
+CUDA_CACHE_DISABLE, which NVRTC reads when it sets the cache up: the variable
+is set from aicg's first NVRTC call until its first compile ends, then given
+back its value. A report that is missing all the same says so
+(`reported: False`) rather than passing for a kernel of no registers.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -38,9 +49,34 @@ def include_closure(header: str, kernels_dir: Path) -> dict[str, bytes]:
     return dict(sorted(found.items()))
 
 
+_CACHE_SWITCH = "CUDA_CACHE_DISABLE"
+_started = False
+_switch_before: tuple[str | None] | None = None   # the variable's value before, until the first compile ends
+
+
+def bindings():
+    """cuda-python's NVRTC module, its cache turned off before NVRTC first runs in this process."""
+    global _started, _switch_before
+    if not _started:
+        _started, _switch_before = True, (os.environ.get(_CACHE_SWITCH),)
+        os.environ[_CACHE_SWITCH] = "1"
+    from cuda.bindings import nvrtc
+    return nvrtc
+
+
+def _give_back_cache_switch() -> None:
+    global _switch_before
+    if _switch_before is not None:
+        (before,), _switch_before = _switch_before, None
+        if before is None:
+            os.environ.pop(_CACHE_SWITCH, None)
+        else:
+            os.environ[_CACHE_SWITCH] = before
+
+
 def _check(result, what: str):
     """The value of an NVRTC call that returns (status, value), or CompileError."""
-    from cuda.bindings import nvrtc
+    nvrtc = bindings()
     err, *values = result
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CompileError(f"NVRTC {what} failed: {err.name}")
@@ -48,7 +84,7 @@ def _check(result, what: str):
 
 
 def _program_log(prog) -> str:
-    from cuda.bindings import nvrtc
+    nvrtc = bindings()
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
     buf = b" " * size
     _check(nvrtc.nvrtcGetProgramLog(prog, buf), "log")
@@ -56,11 +92,13 @@ def _program_log(prog) -> str:
 
 
 def parse_report(log: str) -> dict:
-    """Registers, shared memory, stack and spills of the entry from ptxas -v."""
+    """Registers, shared memory, stack and spills of the entry from ptxas -v; `reported` is False
+    where the log holds no report (the figures are then zeros that mean nothing)."""
     def number(pattern: str) -> int:
         m = re.search(pattern, log)
         return int(m.group(1)) if m else 0
     return {
+        "reported": re.search(r"Used \d+ registers", log) is not None,
         "registers": number(r"Used (\d+) registers"),
         "shared_bytes": number(r"(\d+) bytes smem"),
         "stack_bytes": number(r"(\d+) bytes stack frame"),
@@ -74,7 +112,7 @@ def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch
                   header_dir: str = "kernels") -> tuple[bytes, dict, str]:
     """(cubin, resource report, compiler log) or CompileError naming files and lines."""
     global compilations
-    from cuda.bindings import nvrtc
+    nvrtc = bindings()
 
     names = list(headers)
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), source_name.encode(), len(names),
@@ -83,7 +121,10 @@ def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch
     try:
         options = [f"-arch={arch}".encode(), *(o.encode() for o in OPTIONS)]
         compilations += 1
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+        try:
+            (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+        finally:
+            _give_back_cache_switch()
         log = _program_log(prog)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             # NVRTC names headers by include name; point at their files.

@@ -21,7 +21,7 @@ def _version(dist: str) -> str | None:
 def identity() -> dict:
     nvrtc = _version("nvidia-cuda-nvrtc")
     if nvrtc is None:  # an NVRTC from a CUDA toolkit rather than a wheel
-        from cuda.bindings import nvrtc as _nvrtc
-        _, major, minor = _nvrtc.nvrtcVersion()
+        from .nvrtc import bindings
+        _, major, minor = bindings().nvrtcVersion()
         nvrtc = f"toolkit-{major}.{minor}"
     return {"nvrtc": nvrtc, "cuda-bindings": _version("cuda-bindings")}

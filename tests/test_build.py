@@ -258,3 +258,16 @@ def test_the_summary_says_when_the_prior_measured_other_kernels_than_these(built
     assert "measured kernels that have changed since: welford.cuh;" in run.output
     manifest = json.loads((built / "build/small/manifest.json").read_text())
     assert manifest["prior"]["kernels_changed"] == ["welford.cuh"]
+
+
+def test_the_summary_shows_a_missing_ptxas_report_as_unknown():
+    from aicg.tasks import summary
+    kernel = {"op": "softmax", "dtype": "float32", "legal_families": ["softmax_online"], "considered": 4,
+              "family": "softmax_online", "params": {"threads": 128, "vec_bytes": 16, "topology": "warp"},
+              "validation": "passed", "measured_seconds": 1e-5,
+              "resources": {"reported": False, "registers": 0, "shared_bytes": 0, "stack_bytes": 0,
+                            "spill_store_bytes": 0, "spill_load_bytes": 0, "barriers": 0}}
+    row = summary.rows({"kernels": {"softmax.float32": kernel}, "unavailable": {}})[0]
+    assert row[5] == "?" and row[7] == "?"
+    kernel["resources"].update(reported=True, registers=40)
+    assert summary.rows({"kernels": {"softmax.float32": kernel}, "unavailable": {}})[0][5] == "40"

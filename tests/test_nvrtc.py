@@ -136,8 +136,32 @@ def test_parse_report_reads_ptxas_lines():
     log = ("ptxas info    : Function properties for aicg_kernel\n"
            "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
            "ptxas info    : Used 40 registers, used 1 barriers, 136 bytes smem, 400 bytes cmem[0]\n")
-    assert nvrtc.parse_report(log) == {"registers": 40, "shared_bytes": 136, "stack_bytes": 24,
+    assert nvrtc.parse_report(log) == {"reported": True, "registers": 40, "shared_bytes": 136, "stack_bytes": 24,
                                        "spill_store_bytes": 8, "spill_load_bytes": 12, "barriers": 1}
+
+
+def test_a_log_without_a_ptxas_report_says_so():
+    # what NVRTC returns for a program it found in its cache
+    assert nvrtc.parse_report("")["reported"] is False
+
+
+def test_nvrtc_first_runs_with_its_cache_off_and_the_switch_is_given_back(monkeypatch, shipped_ruleset, kernels):
+    seen, module = [], nvrtc.bindings()
+    real = module.nvrtcCompileProgram
+
+    def compiling(*args):
+        seen.append(os.environ.get("CUDA_CACHE_DISABLE"))
+        return real(*args)
+    monkeypatch.setattr(module, "nvrtcCompileProgram", compiling)
+    # as in a process that has not called NVRTC yet, where the user had set the switch to 0
+    monkeypatch.setattr(nvrtc, "_started", False)
+    monkeypatch.setattr(nvrtc, "_switch_before", None)
+    monkeypatch.setenv("CUDA_CACHE_DISABLE", "0")
+    for name in ("one.cu", "two.cu"):
+        report = nvrtc.compile_cubin(codegen.source("k", shipped_ruleset.families["row_sum_tree"], "float32", PARAMS),
+                                     name, nvrtc.include_closure("row_reduce.cuh", kernels), "sm_90")[1]
+        assert report["reported"] and report["registers"] > 0
+    assert seen == ["1", "0"] and os.environ["CUDA_CACHE_DISABLE"] == "0"
 
 
 @pytest.mark.parametrize("topology, threads, per_block", [("warp", 128, 4), ("warp", 1024, 32), ("block", 256, 1),

@@ -52,8 +52,11 @@ class JitKernel:
     validation: str          # "passed", "failed", "unvalidated" ("packaged": the build's)
 
 
-def _spills(resources: dict) -> bool:
-    """The JIT passes over a kernel that spills: unlike the build, it does not time what the spill costs."""
+def _spills(resources: dict) -> bool | None:
+    """The JIT passes over a kernel that spills: unlike the build, it does not time what the spill costs.
+    None: NVRTC gave no report (aicg/nvrtc.py), and the kernel is tried."""
+    if not resources.get("reported", True):
+        return None
     return bool(resources["spill_store_bytes"] + resources["spill_load_bytes"])
 
 

@@ -13,11 +13,13 @@ def rows(manifest: dict) -> list[tuple[str, ...]]:
     out = []
     for name, k in sorted(manifest["kernels"].items()):
         r = k["resources"]
-        spills = r["spill_store_bytes"] + r["spill_load_bytes"]
+        known = r.get("reported", True)   # "?": NVRTC's log held no ptxas report
+        spills = f"{r['spill_store_bytes'] + r['spill_load_bytes']} B" if known else "?"
         time = f"{k['measured_seconds'] * 1e6:.1f} us" if k.get("measured_seconds") else "-"
         status = k["validation"] if k["validation"] == "passed" else k["validation"].upper()
         out.append((k["op"], k["dtype"], f"{len(k['legal_families'])} ({k['considered']} cand.)", k["family"],
-                    _params(k["params"]), str(r["registers"]), f"{r['shared_bytes']} B", f"{spills} B", status, time))
+                    _params(k["params"]), str(r["registers"]) if known else "?", f"{r['shared_bytes']} B", spills,
+                    status, time))
     for name, reason in sorted(manifest["unavailable"].items()):
         op, dtype = name.split(".", 1)
         out.append((op, dtype, "0", "-", "-", "-", "-", "-", "none", "-"))
