@@ -83,10 +83,17 @@ def _framework(obj) -> str:
     return type(obj).__module__.split(".", 1)[0]
 
 
-_ALLOCATE = {   # (a new array shaped `shape` like `like`, its device address)
-    "torch": lambda like, shape: (lambda a: (a, a.data_ptr()))(like.new_empty(shape)),
-    "cupy": lambda like, shape: (lambda a: (a, a.data.ptr))(sys.modules["cupy"].empty(shape, dtype=like.dtype)),
-}
+def _new_torch(like, shape):
+    array = like.new_empty(shape)
+    return array, array.data_ptr()
+
+
+def _new_cupy(like, shape):
+    array = sys.modules["cupy"].empty(shape, dtype=like.dtype)
+    return array, array.data.ptr
+
+
+_ALLOCATE = {"torch": _new_torch, "cupy": _new_cupy}   # (a new array like `like`, its device address)
 
 
 def _torch_stream(like, device: int) -> int:

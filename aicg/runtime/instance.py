@@ -182,7 +182,8 @@ class OpKernels:
                 values[f"{name}_stride"] = vv.row_stride
         for name, default in op.scalars:
             values[name] = float(scalars.get(name, default))
-        launch(grid, block, [values[n] for n in arguments], arrays.current_stream(xv) if stream is None else int(stream))
+        launch(grid, block, [values[n] for n in arguments],
+               arrays.current_stream(xv) if stream is None else int(stream))
         return ov.obj
 
 
