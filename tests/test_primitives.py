@@ -30,6 +30,9 @@ def test_the_recorded_profile_covers_every_runnable_realisation(h200, shipped_ru
     assert {c.id for c in configs} == ids
     assert recorded.provenance["device"] == "NVIDIA H200" and recorded.provenance["date"]
     assert {r["cols"] for r in recorded.records} == set(lab.COLS)
+    # what the next run needs to keep the realisations whose cubins are unchanged
+    assert recorded.provenance["lab"] == lab.method("NVIDIA H200", recorded.provenance["driver"])
+    assert set(recorded.provenance["cubins"]) == set(recorded.provenance["measured_on"]) == ids
 
 
 def test_the_measured_prior_reproduces_what_it_measured(h200, shipped_ruleset):
@@ -214,16 +217,30 @@ def test_launches_of_few_rows_are_predicted_from_the_few_row_measurements(h200, 
     assert without(family, "float32", p, (8192, 4096)) == prior(family, "float32", p, (8192, 4096))
 
 
-def test_an_interrupted_lab_run_resumes_only_under_the_same_method(repo, shipped_ruleset, tmp_path):
-    method = lab.method(shipped_ruleset, repo / "kernels", "NVIDIA H200", "580.159.04")
-    assert set(method["kernels"]) >= {"softmax.cuh", "reduce.cuh", "row_access.cuh"}
+def test_an_interrupted_lab_run_resumes_only_under_the_same_method(tmp_path):
+    method = lab.method("NVIDIA H200", "580.159.04")
     partial = tmp_path / "nvidia-h200.realisation.partial.json"
-    assert lab.resume(partial, method) == []                     # nothing kept yet
-    kept = [{"id": "row_sum_tree.float32.t128.v16.warp", "cols": 64, "rows": 1, "seconds": 1e-6}]
+    assert lab.resume(partial, method) == lab.NOTHING            # nothing kept yet
+    kept = lab.Measured({"a": "digest of a"}, [{"id": "a", "cols": 64, "rows": 1, "seconds": 1e-6}],
+                        {"a": "2026-12-01"})
     lab.checkpoint(partial, method, kept)
     assert lab.resume(partial, method) == kept
-    edited = {**method, "kernels": {**method["kernels"], "reduce.cuh": "another digest"}}
-    assert lab.resume(partial, edited) == []                     # other kernels: measured again
-    assert lab.resume(partial, {**method, "driver": "581.0"}) == []
+    assert lab.resume(partial, {**method, "driver": "581.0"}) == lab.NOTHING
+    assert lab.resume(partial, {**method, "repetitions": 7}) == lab.NOTHING
     partial.write_text("{ not json")
-    assert lab.resume(partial, method) == []
+    assert lab.resume(partial, method) == lab.NOTHING
+
+
+def test_only_realisations_whose_cubin_changed_are_measured_again():
+    def measured(*ids, digest="old", date="2026-11-30"):
+        return lab.Measured({i: f"{digest} {i}" for i in ids},
+                            [{"id": i, "cols": c, "seconds": 1.0} for i in ids for c in (64, 512)],
+                            {i: date for i in ids})
+    profile = measured("a", "b", "c")
+    interrupted = measured("c", "d", digest="new", date="2026-12-02")
+    now = {"a": "old a", "b": "new b", "c": "new c", "d": "new d", "e": "new e"}
+    kept = lab.reusable(now, [interrupted, profile])
+    assert kept.cubins == {"a": "old a", "c": "new c", "d": "new d"}     # b changed, e never measured
+    assert kept.measured_on == {"a": "2026-11-30", "c": "2026-12-02", "d": "2026-12-02"}
+    assert sorted((r["id"], r["cols"]) for r in kept.records) == [(i, c) for i in "acd" for c in (64, 512)]
+    assert lab.reusable(now, []) == lab.NOTHING

@@ -17,7 +17,11 @@ grid of row lengths, per dtype, with the same kernels the build compiles:
 - bit stability: two runs and a launch split in two give identical bits.
 
 Cubins are compiled in worker processes of the host (NVRTC needs no GPU and
-holds the GIL) before anything runs on the device.
+holds the GIL) before anything runs on the device. A measurement depends on
+the cubin, the GPU, the driver and the method alone, so a realisation whose
+cubin an earlier run of the same method measured on the same GPU and driver
+(the profile's, or an interrupted run's) is not measured again: a kernel
+edit re-measures only the realisations whose code it changed.
 """
 from __future__ import annotations
 
@@ -101,28 +105,61 @@ def _drift(kernel, buffers: check.Buffers, params: dict, inputs, ref, scale, dty
     return drift, first.tobytes() == again.tobytes() == split.tobytes()
 
 
-def method(ruleset, kernels_dir, device: str, driver_version: str) -> dict:
-    """What makes two lab runs' records comparable: the kernels, the grid, the repetitions, the GPU."""
-    return {"kernels": kernel_digests(ruleset, kernels_dir), "cols": list(COLS), "few_rows": list(FEW_ROWS),
-            "row_elements": ROW_ELEMENTS, "repetitions": REPETITIONS, "drift_rows": DRIFT_ROWS,
-            "device": device, "driver": driver_version}
+def method(device: str, driver_version: str) -> dict:
+    """What makes two lab runs' records of one cubin comparable: the grid, the repetitions, the GPU."""
+    return {"cols": list(COLS), "few_rows": list(FEW_ROWS), "row_elements": ROW_ELEMENTS,
+            "repetitions": REPETITIONS, "drift_rows": DRIFT_ROWS, "device": device, "driver": driver_version}
 
 
-def checkpoint(path: Path, run_method: dict, records: list[dict]) -> None:
+def cubin_digests(cubins: dict[str, bytes]) -> dict[str, str]:
+    return {config_id: digest.of_bytes(cubin) for config_id, cubin in sorted(cubins.items())}
+
+
+@dataclass
+class Measured:
+    """What one run of the lab measured: records, and per config id the digest of the cubin
+    measured and the date it was measured on."""
+    cubins: dict[str, str]
+    records: list[dict]
+    measured_on: dict[str, str]
+
+    def as_json(self) -> dict:
+        return {"cubins": self.cubins, "records": self.records, "measured_on": self.measured_on}
+
+
+NOTHING = Measured({}, [], {})
+
+
+def checkpoint(path: Path, run_method: dict, measured: Measured) -> None:
     """Keep what a run has measured so far: a run stopped midway resumes from it."""
-    cas.write_atomic(Path(path), json.dumps({"method": run_method, "records": records}).encode())
+    cas.write_atomic(Path(path), json.dumps({"method": run_method, **measured.as_json()}).encode())
 
 
-def resume(path: Path, run_method: dict) -> list[dict]:
-    """The records an interrupted run of the same method kept at `path`; none if there is no such run."""
+def resume(path: Path, run_method: dict) -> Measured:
+    """What an interrupted run of the same method kept at `path`; nothing if there is no such run."""
     path = Path(path)
     if not path.is_file():
-        return []
+        return NOTHING
     try:
         kept = json.loads(path.read_text())
     except json.JSONDecodeError:
-        return []
-    return kept["records"] if kept.get("method") == run_method else []
+        return NOTHING
+    if kept.get("method") != run_method or not {"cubins", "records", "measured_on"} <= set(kept):
+        return NOTHING
+    return Measured(kept["cubins"], kept["records"], kept["measured_on"])
+
+
+def reusable(cubins: dict[str, str], sources: list[Measured]) -> Measured:
+    """What the sources (earlier runs of this method, the first winning) measured on the cubins
+    of `cubins` (digest by config id): their records, kept rather than measured again."""
+    taken = Measured({}, [], {})
+    for source in sources:
+        same = {config_id for config_id, d in source.cubins.items()
+                if cubins.get(config_id) == d and config_id not in taken.cubins}
+        taken.records += [r for r in source.records if r["id"] in same]
+        taken.cubins.update({config_id: cubins[config_id] for config_id in same})
+        taken.measured_on.update({config_id: source.measured_on[config_id] for config_id in same})
+    return taken
 
 
 def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, progress=print,

@@ -83,39 +83,59 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
         limits = plan_inputs.values(plan_inputs.resolve(hw.load(entry)))
         rules = ruleset_loader.load(rules_dir)
         configs = lab.configurations(rules, limits)
-        # A run stopped midway (a time limit, a lost node) kept what it measured; the same
-        # method on the same GPU resumes from it.
+        path = realisation.path_for(hwdb_dir, entry.stem)
         partial = hwdb_dir / f"{entry.stem}.realisation.partial.json"
-        run_method = lab.method(rules, kernels_dir, gpu.name, gpu.driver_version)
-        earlier = lab.resume(partial, run_method)
-        done = {r["id"] for r in earlier}
-        todo = [c for c in configs if c.id not in done]
-        if earlier:
-            print(f"  resuming: {len(done)} realisations measured by an interrupted run", file=sys.stderr, flush=True)
-        print(f"  compiling {len(todo)} realisations for {gpu.arch}", file=sys.stderr, flush=True)
-        cubins = lab.compile_all(todo, rules, kernels_dir, gpu.arch)
+        run_method = lab.method(gpu.name, gpu.driver_version)
+        print(f"  compiling {len(configs)} realisations for {gpu.arch}", file=sys.stderr, flush=True)
+        cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch)
+        digests = lab.cubin_digests(cubins)
+        # What an interrupted run (a time limit, a lost node) or the profile measured on these
+        # very cubins, with this method, GPU and driver, is kept rather than measured again.
+        kept = lab.reusable(digests, [lab.resume(partial, run_method), _profile_source(path, run_method)])
+        todo = [c for c in configs if c.id not in kept.cubins]
+        print(f"  {len(kept.cubins)} realisations measured before on the same cubins, {len(todo)} to measure",
+              file=sys.stderr, flush=True)
+        today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+
+        def so_far(new: list[dict]) -> lab.Measured:
+            ids = {r["id"] for r in new}
+            return lab.Measured({**kept.cubins, **{i: digests[i] for i in ids}}, kept.records + new,
+                                {**kept.measured_on, **{i: today for i in ids}})
         before = gpu.clocks()
-        records = earlier + lab.measure(todo, cubins, gpu.attributes["L2_CACHE_SIZE"],
-                                        progress=lambda line: print(line, file=sys.stderr, flush=True),
-                                        keep=lambda new: lab.checkpoint(partial, run_method, earlier + new))
+        new = lab.measure(todo, cubins, gpu.attributes["L2_CACHE_SIZE"],
+                          progress=lambda line: print(line, file=sys.stderr, flush=True),
+                          keep=lambda new: lab.checkpoint(partial, run_method, so_far(new)))
         after = gpu.clocks()
+        measured = so_far(new)
     except (DeviceError, CompileError, InputError) as err:
         return TaskFailed(f"primitives: {err}")
-    provenance = {"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-                  "driver": gpu.driver_version, "clocks": f"before: {before}; after: {after}",
+    provenance = {"date": today, "driver": gpu.driver_version, "clocks": f"before: {before}; after: {after}",
                   "method": f"every runnable realisation over row lengths {list(lab.COLS)} at {lab.ROW_ELEMENTS} "
                             f"elements per launch and at {list(lab.FEW_ROWS)} rows: events around one launch, "
                             f"L2 flushed, median of "
                             f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64",
                   "repetitions": lab.REPETITIONS, "device": gpu.name, "arch": gpu.arch,
-                  "kernels": run_method["kernels"]}
-    if earlier:
-        provenance["method"] += f"; {len(done)} realisations measured by an earlier, interrupted run of the same method"
-    path = realisation.path_for(hwdb_dir, entry.stem)
-    realisation.save(path, provenance, records)
+                  "kernels": lab.kernel_digests(rules, kernels_dir), "lab": run_method,
+                  "cubins": measured.cubins, "measured_on": measured.measured_on}
+    if kept.cubins:
+        provenance["method"] += (f"; {len(kept.cubins)} realisations kept from earlier runs of the same method "
+                                 f"that measured the same cubins (measured_on gives each one's date)")
+    realisation.save(path, provenance, measured.records)
     partial.unlink(missing_ok=True)
-    print(f"  wrote {len(records)} measurements to {path}", file=sys.stderr, flush=True)
+    print(f"  wrote {len(measured.records)} measurements to {path}", file=sys.stderr, flush=True)
     return {"profile": str(path)}
+
+
+def _profile_source(path: Path, run_method: dict):
+    """What the profile at `path` measured, where the same method measured it (older profiles
+    record no method or cubins: nothing is kept from them)."""
+    from ..primitives import lab, realisation
+    profile = realisation.load(path)
+    if profile is None or profile.provenance.get("lab") != run_method:
+        return lab.NOTHING
+    cubins = profile.provenance.get("cubins", {})
+    dates = profile.provenance.get("measured_on", {})
+    return lab.Measured(cubins, list(profile.records), {i: dates.get(i, profile.provenance["date"]) for i in cubins})
 
 
 def task_primitives():
