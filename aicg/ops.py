@@ -65,6 +65,14 @@ def _softmax(x, **_):
     return y, np.abs(y)
 
 
+def _log_softmax(x, **_):
+    shifted = x - x.max(axis=1, keepdims=True)
+    y = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    # |y| = |x - max| + log(sum): each rounds relative to itself; and log(sum) carries the sum's
+    # relative error as an absolute one, hence the 1
+    return y, np.abs(y) + 1.0
+
+
 def _row_sum(x, **_):
     return x.sum(axis=1), np.abs(x).sum(axis=1)
 
@@ -119,6 +127,7 @@ def _row_max_exact(x32):
 
 OPERATORS: dict[str, Operator] = {
     "softmax": Operator("softmax", (), "matrix", (), _softmax),
+    "log_softmax": Operator("log_softmax", (), "matrix", (), _log_softmax),
     "row_sum": Operator("row_sum", (), "rows", (), _row_sum, _row_sum_sequential),
     "row_max": Operator("row_max", (), "rows", (), _row_max, _row_max_exact),
     "rmsnorm": Operator("rmsnorm", ("w",), "matrix", (("eps", EPS),), _rmsnorm),

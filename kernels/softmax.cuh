@@ -1,5 +1,5 @@
-// Row softmax families. Template parameters (shared by every family):
-//   T         element type (float or aicg::bf16); arithmetic in float
+// Row softmax and log-softmax families. Template parameters (shared by every family):
+//   T         element type (float, aicg::bf16 or aicg::f16); arithmetic in float
 //   THREADS   threads per block
 //   VEC       elements per access when rows allow it (see row_access.cuh)
 //   TOPOLOGY  how a row is split over threads (see reduce.cuh)
@@ -13,6 +13,23 @@
 
 namespace aicg {
 
+// The row's maximum (ShiftMax: see reduce.cuh), one sweep.
+template <int THREADS, int TOPOLOGY, typename R>
+__device__ __forceinline__ float row_shift(R& r) {
+  float m = ShiftMax().identity();
+  r.each([&](int, float v) { m = ShiftMax()(m, v); });
+  return row_reduce<THREADS, TOPOLOGY>(m, ShiftMax());
+}
+
+// The row's (max, sum of exp(x - max)) as one online state, one sweep.
+template <int THREADS, int TOPOLOGY, bool FAST_EXP, typename R>
+__device__ __forceinline__ MaxSum row_max_sum(R& r) {
+  const MergeMaxSum<FAST_EXP> merge;
+  MaxSum state = merge.identity();
+  r.each([&](int, float v) { state = merge.add(state, v); });
+  return row_reduce<THREADS, TOPOLOGY>(state, merge);
+}
+
 // Three sweeps: max, sum of exp(x - max), write exp(x - max) / sum. A row
 // held in registers keeps each exp(x - max) from the second sweep for the
 // third, so every element costs one exp; the values, and so the bits, are
@@ -22,9 +39,7 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
                                                 int rows, int cols, int x_stride) {
   each_row<THREADS, TOPOLOGY, VEC, CACHE, true>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
                                                 [&](long long row, auto& r) {
-    float m = ShiftMax().identity();
-    r.each([&](int, float v) { m = ShiftMax()(m, v); });
-    m = row_reduce<THREADS, TOPOLOGY>(m, ShiftMax());
+    const float m = row_shift<THREADS, TOPOLOGY>(r);
     float s = 0.0f;
     if constexpr (held_in_registers<decltype(r)>::value) {
       r.update([&](int, float v) { const float e = exp_<FAST_EXP>(v - m); s += e; return e; });
@@ -40,20 +55,51 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
   });
 }
 
-// Two sweeps: (max, sum) together as an online state, then write.
+// Two sweeps: (max, sum) together as an online state, then write
+// exp(x - max) / sum, or for LOG (x - max) - log(sum).
+template <bool LOG, typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void normalise_online(const T* __restrict__ x, T* __restrict__ y,
+                                                 int rows, int cols, int x_stride) {
+  each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
+                                          [&](long long row, auto& r) {
+    const MaxSum state = row_max_sum<THREADS, TOPOLOGY, FAST_EXP>(r);
+    const float m = state.m, inv = LOG ? 0.0f : 1.0f / state.s, log_s = LOG ? logf(state.s) : 0.0f;
+    r.store((const T*)nullptr, (const T*)nullptr, y + row * cols, [&](int, float v, float, float) {
+      if constexpr (LOG) return (v - m) - log_s;
+      else return exp_<FAST_EXP>(v - m) * inv;
+    });
+  });
+}
+
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_online(const T* __restrict__ x, T* __restrict__ y,
                                                int rows, int cols, int x_stride) {
+  normalise_online<false, T, THREADS, VEC, TOPOLOGY, FAST_EXP, CACHE>(x, y, rows, cols, x_stride);
+}
+
+// Log-softmax, y = (x - max) - log(sum of exp(x - max)), in the atlas's
+// order: the shift first, the log of the sum (>= 1) once per row. Three
+// sweeps (max, sum of exp, write) as softmax_twopass; the write needs no
+// exp, so a held row keeps x itself.
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void log_softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
+                                                    int rows, int cols, int x_stride) {
   each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
                                           [&](long long row, auto& r) {
-    const MergeMaxSum<FAST_EXP> merge;
-    MaxSum state = merge.identity();
-    r.each([&](int, float v) { state = merge.add(state, v); });
-    state = row_reduce<THREADS, TOPOLOGY>(state, merge);
-    const float m = state.m, inv = 1.0f / state.s;
+    const float m = row_shift<THREADS, TOPOLOGY>(r);
+    float s = 0.0f;
+    r.each([&](int, float v) { s += exp_<FAST_EXP>(v - m); });
+    const float log_s = logf(row_reduce<THREADS, TOPOLOGY>(s, Sum()));
     r.store((const T*)nullptr, (const T*)nullptr, y + row * cols,
-            [&](int, float v, float, float) { return exp_<FAST_EXP>(v - m) * inv; });
+            [&](int, float v, float, float) { return (v - m) - log_s; });
   });
+}
+
+// Log-softmax in two sweeps: the online (max, sum) state, then write.
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void log_softmax_online(const T* __restrict__ x, T* __restrict__ y,
+                                                   int rows, int cols, int x_stride) {
+  normalise_online<true, T, THREADS, VEC, TOPOLOGY, FAST_EXP, CACHE>(x, y, rows, cols, x_stride);
 }
 
 }  // namespace aicg

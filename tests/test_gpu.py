@@ -28,7 +28,7 @@ preservation = "deterministic"
 candidates_per_family = 3
 
 [[workload]]
-ops = ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]
+ops = ["softmax", "log_softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]
 dtypes = ["float32", "bfloat16", "float16"]
 shapes = [[2048, 4096], [300, 20000]]
 """
@@ -51,13 +51,14 @@ def test_every_candidate_validates_and_is_timed(built):
     passed = [r for r in results if r["status"] == "passed"]
     assert passed and all(r["timings"] and all(t["median_seconds"] > 0 for t in r["timings"]) for r in passed)
     manifest = json.loads((instance_dir / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 15 and all(k["validation"] == "passed" for k in manifest["kernels"].values())
+    assert len(manifest["kernels"]) == 18 and all(k["validation"] == "passed" for k in manifest["kernels"].values())
 
 
 def _torch_reference(torch, op, x, w=None, b=None, eps=1e-5):
     x64 = x.double()
     refs = {
         "softmax": lambda: torch.softmax(x64, -1),
+        "log_softmax": lambda: torch.log_softmax(x64, -1),
         "row_sum": lambda: x64.sum(-1),
         "row_max": lambda: x64.amax(-1),
         "rmsnorm": lambda: x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + eps) * w.double(),
@@ -68,7 +69,7 @@ def _torch_reference(torch, op, x, w=None, b=None, eps=1e-5):
 
 @needs_h200
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("op", ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "row_sum", "row_max", "rmsnorm", "layernorm"])
 def test_loaded_kernels_match_pytorch(built, op, dtype):
     torch = pytest.importorskip("torch")
     import aicg
@@ -94,7 +95,8 @@ def test_loaded_kernels_match_pytorch(built, op, dtype):
         ref = _torch_reference(torch, op, x, *args)
         assert y.shape == ref.shape and y.dtype == tdtype
         rtol, atol = {"float32": (1e-5, 1e-6), "bfloat16": (1.6e-2, 1e-5), "float16": (2e-3, 1e-5)}[dtype]
-        scale = x.double().abs().sum(-1) if op == "row_sum" else ref.abs() + (1.0 if op == "layernorm" else 0.0)
+        scale = x.double().abs().sum(-1) if op == "row_sum" else ref.abs() + (1.0 if op in ("layernorm", "log_softmax")
+                                                                             else 0.0)
         err = (y.double() - ref).abs()
         assert bool((err <= atol + rtol * scale).all()), f"{op} {dtype} {shape}: max error {err.max().item()}"
 

@@ -29,6 +29,17 @@ def test_softmax(data):
     assert np.array_equal(scale, np.abs(y))
 
 
+def test_log_softmax(data):
+    x = data["x"]
+    y, scale = run("log_softmax", data)
+    np.testing.assert_allclose(y, np.log(np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.exp(y).sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all(y <= 0) and np.array_equal(scale, np.abs(y) + 1.0)
+    shifted, _ = OPERATORS["log_softmax"].reference(np.array([[1000.0, 1000.0, 999.0]]))   # no overflow
+    np.testing.assert_allclose(shifted[0], [-math.log(2 + math.exp(-1))] * 2 + [-1 - math.log(2 + math.exp(-1))],
+                               rtol=1e-12)
+
+
 def test_softmax_does_not_overflow_on_large_inputs():
     y, _ = OPERATORS["softmax"].reference(np.array([[1000.0, 1000.0, 999.0]]))
     e = math.exp(-1)

@@ -23,11 +23,14 @@ def h200(repo, shipped_ruleset):
     return target, inputs, recorded, realisation.MeasuredPrior(recorded, inputs)
 
 
-def test_the_recorded_profile_covers_every_runnable_realisation(h200, shipped_ruleset):
+def test_the_recorded_profile_covers_every_runnable_realisation_of_its_families(h200, shipped_ruleset):
     _, inputs, recorded, _ = h200
     ids = {r["id"] for r in recorded.records}
-    configs = lab.configurations(shipped_ruleset, inputs)
+    measured = {r["family"] for r in recorded.records}
+    configs = [c for c in lab.configurations(shipped_ruleset, inputs) if c.family in measured]
     assert {c.id for c in configs} == ids
+    # families added since the lab last ran, planned by the datasheet model until it runs again
+    assert set(shipped_ruleset.families) - measured <= {"log_softmax_twopass", "log_softmax_online"}
     assert recorded.provenance["device"] == "NVIDIA H200" and recorded.provenance["date"]
     assert {r["cols"] for r in recorded.records} == set(lab.COLS)
     # what the next run needs to keep the realisations whose cubins are unchanged
@@ -100,7 +103,8 @@ def test_on_recorded_h200_timings_the_measured_prior_ranks_better_than_the_datas
 
 @pytest.mark.parametrize("per_family", [1, 2, 4])
 def test_the_pruning_setting_bounds_what_is_benchmarked(repo, shipped_ruleset, h200, per_family):
-    _, inputs, _, prior = h200
+    _, inputs, recorded, prior = h200
+    measured = {r["family"] for r in recorded.records}
     prof = profile.load(repo / "rulesets/profiles/default.toml", shipped_ruleset, repo / "hwdb")
     every = plan.plan_workload(shipped_ruleset, prof, inputs, per_family=10**6, measured=prior)
     some = plan.plan_workload(shipped_ruleset, prof, inputs, per_family=per_family, measured=prior)
@@ -108,7 +112,8 @@ def test_the_pruning_setting_bounds_what_is_benchmarked(repo, shipped_ruleset, h
         groups = {(c.family, c.dtype) for c in every[op][1]}
         assert len(some[op][1]) == sum(min(per_family, sum(1 for c in every[op][1] if (c.family, c.dtype) == g))
                                        for g in groups)
-        assert all(c.prior.startswith("realisation profile nvidia-h200.realisation.json") for c in some[op][1])
+        for c in some[op][1]:   # a family the lab has not measured yet is ranked by the datasheet model
+            assert c.prior.startswith("realisation profile nvidia-h200.realisation.json") == (c.family in measured)
 
 
 def _least_drift(records, family: str, cols: int) -> float:

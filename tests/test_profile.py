@@ -4,7 +4,7 @@ from aicg import profile
 from aicg.ops import OPERATORS
 
 WORKLOAD = """[[workload]]
-ops = ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]
+ops = ["softmax", "log_softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]
 dtypes = ["float32", "bfloat16", "float16"]
 shapes = [[32768, 4096], [4096, 32768], [8192, 1000], [65536, 128]]
 """
@@ -67,7 +67,7 @@ def test_workload_entries_merge_per_operator(default_profile, edit, shipped_rule
 # (old text, new text, dotted key, what is expected)
 BAD = [
     ('preservation = "tolerance"\n', 'preservation = "tolerance"\ntargte = "h200"\n', "instance.targte", "a known key"),
-    ('"softmax", "row_sum"', '"sofmax", "row_sum"', "workload[0].ops", "one of 'bias_gelu_residual', 'layernorm'"),
+    ('"softmax", "log_softmax"', '"sofmax", "log_softmax"', "workload[0].ops", "one of 'bias_gelu_residual', 'layernorm'"),
     ("forbid = []", 'forbid = ["tree_reductoin"]', "rules.forbid", "one of 'atomics', 'fast_intrinsics'"),
     ("forbid = []", 'select = ["onlinesoftmax"]', "rules.select", "one of 'atomics', 'fast_intrinsics'"),
     ("forbid = []", 'forbid = "welford"', "rules.forbid", "an array"),

@@ -17,12 +17,13 @@ import triton.language as tl
 
 EPS = 1e-5
 # The inputs after x, in call order: "matrix" (shaped like x) or "vector" (one value per column).
-INPUTS = {"softmax": (), "row_sum": (), "row_max": (), "rmsnorm": ("vector",), "layernorm": ("vector", "vector"),
+INPUTS = {"softmax": (), "log_softmax": (), "row_sum": (), "row_max": (), "rmsnorm": ("vector",), "layernorm": ("vector", "vector"),
           "bias_gelu_residual": ("matrix", "vector"), "residual_rmsnorm": ("matrix", "vector")}
 ROW_OUTPUT = {"row_sum", "row_max"}
 
 EAGER = {
     "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: torch.log_softmax(x, -1),
     "row_sum": lambda x: x.sum(-1),
     "row_max": lambda x: x.amax(-1),
     "rmsnorm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
@@ -39,6 +40,9 @@ def reference(op: str, x, *inputs):
     if op == "softmax":
         y = torch.softmax(x, -1)
         return y, y.abs()
+    if op == "log_softmax":
+        y = torch.log_softmax(x, -1)
+        return y, y.abs() + 1.0
     if op == "row_sum":
         return x.sum(-1), x.abs().sum(-1)
     if op == "row_max":
@@ -70,6 +74,17 @@ def _softmax(x_ptr, y_ptr, cols, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + row * cols + offs, mask=mask, other=-float("inf")).to(tl.float32)
     e = tl.exp(x - tl.max(x, 0))
     tl.store(y_ptr + row * cols + offs, (e / tl.sum(e, 0)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _log_softmax(x_ptr, y_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < cols
+    x = tl.load(x_ptr + row * cols + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    shifted = x - tl.max(x, 0)
+    y = shifted - tl.log(tl.sum(tl.exp(shifted), 0))
+    tl.store(y_ptr + row * cols + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -137,7 +152,7 @@ def _residual_rmsnorm(x_ptr, r_ptr, w_ptr, y_ptr, cols, eps, BLOCK: tl.constexpr
     tl.store(y_ptr + row * cols + offs, (h * inv * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_TRITON = {"softmax": _softmax, "row_sum": _row_sum, "row_max": _row_max, "rmsnorm": _rmsnorm, "layernorm": _layernorm,
+_TRITON = {"softmax": _softmax, "log_softmax": _log_softmax, "row_sum": _row_sum, "row_max": _row_max, "rmsnorm": _rmsnorm, "layernorm": _layernorm,
            "bias_gelu_residual": _bias_gelu_residual, "residual_rmsnorm": _residual_rmsnorm}
 _HAS_EPS = {"rmsnorm", "layernorm", "residual_rmsnorm"}
 

@@ -52,7 +52,8 @@ pytestmark = [
                        reason=f"no instance at one of {', '.join(map(str, INSTANCES))}"),
 ]
 
-OPS = ("softmax", "row_sum", "row_max", "rmsnorm", "layernorm", "bias_gelu_residual", "residual_rmsnorm")
+OPS = ("softmax", "log_softmax", "row_sum", "row_max", "rmsnorm", "layernorm", "bias_gelu_residual",
+       "residual_rmsnorm")
 ACCEPTANCE_DTYPES = ("float32", "bfloat16")    # the acceptance; the grid adds float16
 GRID_DTYPES = ("float32", "bfloat16", "float16")
 ACCEPTANCE = ((32768, 4096), (4096, 32768))
