@@ -198,13 +198,7 @@ struct RowCache {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
-      const Pack<T, V> p = load_pack<V>(row + start(u));
-      if constexpr (FLOATS) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) slot[u].v[k] = to_float(p.v[k]);
-      } else {
-        slot[u] = p;
-      }
+      slot[u] = load_pack<V>(row + start(u));   // as loaded: a held row of floats comes from convert()
     }
   }
 

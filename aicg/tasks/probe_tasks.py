@@ -86,6 +86,7 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
         path = realisation.path_for(hwdb_dir, entry.stem)
         partial = hwdb_dir / f"{entry.stem}.realisation.partial.json"
         run_method = lab.method(gpu.name, gpu.driver_version)
+        headers = lab.kernel_digests(rules, kernels_dir)   # what is compiled now, not after minutes of measuring
         print(f"  compiling {len(configs)} realisations for {gpu.arch}", file=sys.stderr, flush=True)
         cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch)
         digests = lab.cubin_digests(cubins)
@@ -115,7 +116,7 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
                             f"L2 flushed, median of "
                             f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64",
                   "repetitions": lab.REPETITIONS, "device": gpu.name, "arch": gpu.arch,
-                  "kernels": lab.kernel_digests(rules, kernels_dir), "lab": run_method,
+                  "kernels": headers, "lab": run_method,
                   "cubins": measured.cubins, "measured_on": measured.measured_on}
     if kept.cubins:
         provenance["method"] += (f"; {len(kept.cubins)} realisations kept from earlier runs of the same method "
