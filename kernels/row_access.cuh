@@ -260,6 +260,21 @@ __device__ __forceinline__ void as_held(Packed packed, Body&& body) {
   }
 }
 
+// A thread's R tiny rows of exactly COLS elements: every row's loads first,
+// then body(row, r) for each. COLS is a compile-time constant, so no element
+// is tested and a row of one element costs one element's work (held in
+// TINY_ROW tested slots, a one-element row took about 115 instructions).
+template <int COLS, int R, typename G, bool FLOATS, typename T, typename Body>
+__device__ __forceinline__ void each_tiny_row(const T* x, int rows, int x_stride, Body& body) {
+  RowCache<1, COLS, T, true> held[R];
+#pragma unroll
+  for (int u = 0; u < R; ++u)
+    if (G::row(u) < rows) held[u].load(x + G::row(u) * x_stride, COLS, 0, 1);
+#pragma unroll
+  for (int u = 0; u < R; ++u)
+    if (G::row(u) < rows) as_held<FLOATS>(held[u], [&](auto& r) { body(G::row(u), r); });
+}
+
 // Run body(row) with the row held in registers when CACHE slots per lane
 // hold it, streamed from memory otherwise. The choice depends only on cols,
 // the row stride and the lane count, so every thread of a row group takes
@@ -298,20 +313,17 @@ __device__ __forceinline__ void each_row(const T* x, int rows, int cols, int x_s
                                [&](auto& r) { body(row, r); });
   } else {
     static_assert(G::lanes == 1, "several rows per thread: one lane per row");
-    if (cols <= TINY_ROW) {
-      RowCache<1, TINY_ROW, T, false> held[R];
-#pragma unroll
-      for (int u = 0; u < R; ++u)
-        if (G::row(u) < rows) held[u].load(x + G::row(u) * x_stride, cols, 0, 1);
-#pragma unroll
-      for (int u = 0; u < R; ++u)
-        if (G::row(u) < rows) as_held<FLOATS>(held[u], [&](auto& r) { body(G::row(u), r); });
-    } else {
-      for (int u = 0; u < R; ++u) {
-        const long long row = G::row(u);
-        if (row < rows) with_row<V, CACHE, FLOATS>(x + row * x_stride, cols, 0, 1, vectorised,
-                                                   [&](auto& r) { body(row, r); });
-      }
+    static_assert(TINY_ROW == 4, "one case per tiny row length");
+    switch (cols) {
+      case 1: return each_tiny_row<1, R, G, FLOATS>(x, rows, x_stride, body);
+      case 2: return each_tiny_row<2, R, G, FLOATS>(x, rows, x_stride, body);
+      case 3: return each_tiny_row<3, R, G, FLOATS>(x, rows, x_stride, body);
+      case 4: return each_tiny_row<4, R, G, FLOATS>(x, rows, x_stride, body);
+    }
+    for (int u = 0; u < R; ++u) {
+      const long long row = G::row(u);
+      if (row < rows) with_row<V, CACHE, FLOATS>(x + row * x_stride, cols, 0, 1, vectorised,
+                                                 [&](auto& r) { body(row, r); });
     }
   }
 }

@@ -13,6 +13,18 @@
 
 namespace aicg {
 
+// 1 / s for a softmax sum: at least 1 (the maximum's own exp(0)) or NaN.
+// The fast path of CUDA's correctly rounded reciprocal (MUFU.RCP and one
+// Newton step: tests/test_gpu_arithmetic.py checks every float in [1, 2^17]
+// against 1.0f / s), without the branch to its slow path, which only
+// zeros, subnormals, infinities, NaN and exponents near the top take: a
+// thread serving eight tiny rows otherwise runs them one after the other.
+__device__ __forceinline__ float reciprocal_of_sum(float s) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  return fmaf(r, -fmaf(s, r, -1.0f), r);
+}
+
 // The row's maximum (ShiftMax: see reduce.cuh), one sweep.
 template <int THREADS, int TOPOLOGY, typename R>
 __device__ __forceinline__ float row_shift(R& r) {
@@ -47,7 +59,7 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
       r.each([&](int, float v) { s += exp_<FAST_EXP>(v - m); });
     }
     s = row_reduce<THREADS, TOPOLOGY>(s, Sum());
-    const float inv = 1.0f / s;
+    const float inv = reciprocal_of_sum(s);
     r.store((const T*)nullptr, (const T*)nullptr, y + row * cols, [&](int, float v, float, float) {
       if constexpr (held_in_registers<decltype(r)>::value) return v * inv;
       else return exp_<FAST_EXP>(v - m) * inv;
@@ -63,7 +75,7 @@ __device__ __forceinline__ void normalise_online(const T* __restrict__ x, T* __r
   each_row<THREADS, TOPOLOGY, VEC, CACHE>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
                                           [&](long long row, auto& r) {
     const MaxSum state = row_max_sum<THREADS, TOPOLOGY, FAST_EXP>(r);
-    const float m = state.m, inv = LOG ? 0.0f : 1.0f / state.s, log_s = LOG ? logf(state.s) : 0.0f;
+    const float m = state.m, inv = LOG ? 0.0f : reciprocal_of_sum(state.s), log_s = LOG ? logf(state.s) : 0.0f;
     r.store((const T*)nullptr, (const T*)nullptr, y + row * cols, [&](int, float v, float, float) {
       if constexpr (LOG) return (v - m) - log_s;
       else return exp_<FAST_EXP>(v - m) * inv;
