@@ -90,13 +90,13 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     rows_at_once = codegen.rows_per_thread(p["topology"])
     rows_per_block = threads // lanes * rows_at_once if blocks_per_row == 1 else 1 / blocks_per_row
     blocks = math.ceil(rows / rows_per_block)
-    # A thread serving several tiny rows holds them element by element, all loaded at once.
+    # A thread serving several tiny rows holds each at its exact length, all loaded at once.
     tiny = rows_at_once > 1 and cols <= plan_inputs.TINY_ROW
     vec = (p["vec_bytes"] // dtype.size if cols % max(1, p["vec_bytes"] // dtype.size) == 0 and not tiny
            else 1)
 
     # Registers: a cached row costs one per element held, and caps occupancy.
-    held = plan_inputs.TINY_ROW * rows_at_once if tiny else p["cache_packs"] * vec
+    held = cols * rows_at_once if tiny else p["cache_packs"] * vec
     fits = tiny or (held > 0 and cols <= lanes * held)
     registers = BASE_REGISTERS + (held if fits else 0)
     blocks_per_sm = max(1, min(hw["max_blocks_per_sm"], hw["max_threads_per_sm"] // threads,

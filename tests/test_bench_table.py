@@ -33,6 +33,11 @@ RECORDED = [   # (run, summary line the table ends with)
                                           "and Triton, 20 validated, 20 at >= 0.9x the best peer"),
     ("2026-12-01-h200-grid-5.json", "150 cases: 21 at >= 95% of the copy, 61 at >= 1.0x both torch.compile "
                                     "and Triton, 150 validated, 106 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-6.json", "24 cases: 12 at >= 95% of the copy, 4 at >= 1.0x both torch.compile "
+                                          "and Triton, 24 validated, 23 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-6-log-softmax-and-one-column.json",
+     "45 cases: 4 at >= 95% of the copy, 14 at >= 1.0x both torch.compile and Triton, 45 validated, "
+     "26 at >= 0.9x the best peer"),
 ]
 
 
