@@ -15,7 +15,7 @@ namespace aicg {
 
 // 1 / s for a softmax sum: at least 1 (the maximum's own exp(0)) or NaN.
 // The fast path of CUDA's correctly rounded reciprocal (MUFU.RCP and one
-// Newton step: tests/test_gpu_arithmetic.py checks every float in [1, 2^17]
+// Newton step: tests/test_gpu_arithmetic.py checks every float in [1, 2^17)
 // against 1.0f / s), without the branch to its slow path, which only
 // zeros, subnormals, infinities, NaN and exponents near the top take: a
 // thread serving eight tiny rows otherwise runs them one after the other.
