@@ -3,6 +3,7 @@
 // Template parameters as in softmax.cuh (FAST_EXP and CACHE unused). Input rows lie
 // x_stride and r_stride elements apart; y is dense.
 #pragma once
+#include "ieee.cuh"
 #include "reduce.cuh"
 #include "row_access.cuh"
 
@@ -118,7 +119,7 @@ __device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const 
     ss += h * h;
   });
   ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
-  const float scale = 1.0f / sqrtf(ss / cols + eps);
+  const float scale = reciprocal_sqrt(ss / cols + eps);
   map_pair<VEC>(xr, rr, w, y + row * cols, cols, G::lane(), G::lanes, vec,
                 [&](float xj, float rj, float wj) { return (xj + rj) * scale * wj; });
 }

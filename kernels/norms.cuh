@@ -1,6 +1,7 @@
 // Normalisation families over rows: rmsnorm and layernorm. Template
 // parameters as in softmax.cuh (FAST_EXP unused). w and b have `cols` entries.
 #pragma once
+#include "ieee.cuh"
 #include "reduce.cuh"
 #include "row_access.cuh"
 #include "welford.cuh"
@@ -17,7 +18,7 @@ __device__ __forceinline__ void rmsnorm(const T* __restrict__ x, const T* __rest
     float ss = 0.0f;
     r.each([&](int, float v) { ss += v * v; });
     ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
-    const float scale = 1.0f / sqrtf(ss / cols + eps);
+    const float scale = reciprocal_sqrt(ss / cols + eps);
     r.store(w, (const T*)nullptr, y + row * cols, [&](int, float v, float wj, float) { return v * scale * wj; });
   });
 }
@@ -35,7 +36,7 @@ __device__ __forceinline__ void layernorm_twopass(const T* __restrict__ x, const
     float d2 = 0.0f;
     r.each([&](int, float v) { d2 += (v - mean) * (v - mean); });
     const float var = row_reduce<THREADS, TOPOLOGY>(d2, Sum()) / cols;
-    const float scale = 1.0f / sqrtf(var + eps);
+    const float scale = reciprocal_sqrt(var + eps);
     r.store(w, b, y + row * cols, [&](int, float v, float wj, float bj) { return (v - mean) * scale * wj + bj; });
   });
 }
@@ -51,7 +52,7 @@ __device__ __forceinline__ void layernorm_welford(const T* __restrict__ x, const
     Welford st = merge.identity();
     r.each([&](int, float v) { st = merge.add(st, v); });
     st = row_reduce<THREADS, TOPOLOGY>(st, merge);
-    const float mean = st.mean, scale = 1.0f / sqrtf(st.m2 / st.n + eps);
+    const float mean = st.mean, scale = reciprocal_sqrt(st.m2 / st.n + eps);
     r.store(w, b, y + row * cols, [&](int, float v, float wj, float bj) { return (v - mean) * scale * wj + bj; });
   });
 }

@@ -7,23 +7,12 @@
 //   CACHE     packs per thread held in registers between sweeps (0: re-read)
 // Input rows lie x_stride elements apart (cols for a dense matrix); y is dense.
 #pragma once
+#include "ieee.cuh"
 #include "online_softmax.cuh"
 #include "reduce.cuh"
 #include "row_access.cuh"
 
 namespace aicg {
-
-// 1 / s for a softmax sum: at least 1 (the maximum's own exp(0)) or NaN.
-// The fast path of CUDA's correctly rounded reciprocal (MUFU.RCP and one
-// Newton step: tests/test_gpu_arithmetic.py checks every float in [1, 2^17)
-// against 1.0f / s), without the branch to its slow path, which only
-// zeros, subnormals, infinities, NaN and exponents near the top take: a
-// thread serving eight tiny rows otherwise runs them one after the other.
-__device__ __forceinline__ float reciprocal_of_sum(float s) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
-  return fmaf(r, -fmaf(s, r, -1.0f), r);
-}
 
 // The row's maximum (ShiftMax: see reduce.cuh), one sweep.
 template <int THREADS, int TOPOLOGY, typename R>
