@@ -241,8 +241,10 @@ def _predict(family: Family, dtype_name: str, p: dict, shapes, hw: dict, measure
     if measured is not None:
         times = [measured(family, dtype_name, p, s) for s in shapes]
         if None not in times:
-            timed_as = measured.measured_as(family, dtype_name, p)
-            note = "" if timed_as == dtype_name else f" ({dtype_name} timed as {timed_as}: the same element size)"
+            name, timed_as = measured.measured_as(family, dtype_name, p)
+            note = ("" if (name, timed_as) == (family.name, dtype_name)
+                    else f" ({dtype_name} timed as {timed_as}: the same element size)" if name == family.name
+                    else f" (timed as {candidate_id(name, timed_as, p)}: {family.name} is declared timed like it)")
             return tuple(times), measured.profile.source() + note
     return tuple(predict_seconds(family, dtype_name, p, s, hw) for s in shapes), "datasheet model"
 

@@ -29,7 +29,7 @@ def test_the_recorded_profile_covers_every_runnable_realisation_of_its_families(
     measured = {r["family"] for r in recorded.records}
     configs = [c for c in lab.configurations(shipped_ruleset, inputs) if c.family in measured]
     assert {c.id for c in configs} == ids
-    # families added since the lab last ran, planned by the datasheet model until it runs again
+    # families added since the lab last ran, timed like their declared twins until it runs again
     assert set(shipped_ruleset.families) - measured <= {"log_softmax_twopass", "log_softmax_online"}
     assert recorded.provenance["device"] == "NVIDIA H200" and recorded.provenance["date"]
     assert {r["cols"] for r in recorded.records} == set(lab.COLS)
@@ -76,12 +76,29 @@ def test_float16_is_timed_as_bfloat16_but_never_borrows_its_drift(h200, shipped_
     r = next(r for r in recorded.records if r["dtype"] == "bfloat16" and r["family"] == "rmsnorm_tree")
     family = shipped_ruleset.families["rmsnorm_tree"]
     shape = (4096, 1000)
-    assert prior.measured_as(family, "float16", r["params"]) == "bfloat16"
+    assert prior.measured_as(family, "float16", r["params"]) == ("rmsnorm_tree", "bfloat16")
     assert prior(family, "float16", r["params"], shape) == prior(family, "bfloat16", r["params"], shape)
     times, source = plan._predict(family, "float16", r["params"], [shape], inputs, prior)
     assert source.endswith("(float16 timed as bfloat16: the same element size)")
     assert prior.drift(plan.candidate_id(family.name, "float16", r["params"]), 4096) is None
-    assert prior.measured_as(family, "bfloat16", r["params"]) == "bfloat16"
+    assert prior.measured_as(family, "bfloat16", r["params"]) == ("rmsnorm_tree", "bfloat16")
+
+
+def test_a_family_the_lab_has_not_measured_is_timed_like_its_declared_twin(h200, shipped_ruleset):
+    _, inputs, recorded, prior = h200
+    family = shipped_ruleset.families["log_softmax_twopass"]
+    twin = shipped_ruleset.families[family.timed_like]
+    assert twin.name == "softmax_twopass" and not any(r["family"] == family.name for r in recorded.records)
+    r = next(r for r in recorded.records if r["family"] == twin.name and r["dtype"] == "float32")
+    shape = (132, 4096)
+    assert prior.measured_as(family, "float32", r["params"]) == (twin.name, "float32")
+    assert prior(family, "float32", r["params"], shape) == prior(twin, "float32", r["params"], shape)
+    times, source = plan._predict(family, "float32", r["params"], [shape], inputs, prior)
+    assert source.endswith(f"(timed as {r['id']}: log_softmax_twopass is declared timed like it)")
+    assert prior.drift(plan.candidate_id(family.name, "float32", r["params"]), 4096) is None
+    # without the declaration, the datasheet model
+    alone = dataclasses.replace(family, timed_like=None)
+    assert prior(alone, "float32", r["params"], shape) is None
 
 
 def _accuracy(repo):
@@ -112,8 +129,11 @@ def test_the_pruning_setting_bounds_what_is_benchmarked(repo, shipped_ruleset, h
         groups = {(c.family, c.dtype) for c in every[op][1]}
         assert len(some[op][1]) == sum(min(per_family, sum(1 for c in every[op][1] if (c.family, c.dtype) == g))
                                        for g in groups)
-        for c in some[op][1]:   # a family the lab has not measured yet is ranked by the datasheet model
-            assert c.prior.startswith("realisation profile nvidia-h200.realisation.json") == (c.family in measured)
+        for c in some[op][1]:   # a family the lab has not measured yet is ranked by its twin's measurements
+            twin = shipped_ruleset.families[c.family].timed_like
+            assert c.prior.startswith("realisation profile nvidia-h200.realisation.json")
+            assert ("declared timed like" in c.prior) == (c.family not in measured)
+            assert twin is not None or c.family in measured
 
 
 def _least_drift(records, family: str, cols: int) -> float:

@@ -178,10 +178,11 @@ class MeasuredPrior:
         A shape larger than the lab's launches is never predicted faster per element than the
         lab measured: those launches already saturate the memory system, and the model's
         credit for rows that a partial wave runs for free does not survive more rows."""
-        dtype = self.measured_as(family, dtype, p)
-        if dtype is None:
+        found = self.measured_as(family, dtype, p)
+        if found is None:
             return None
-        config_id = plan.candidate_id(family.name, dtype, p)
+        config_id = plan.candidate_id(*found, p)
+        dtype = found[1]
         found = self._calibration(config_id, family, dtype, p)
         if found is None:
             return None
@@ -205,15 +206,20 @@ class MeasuredPrior:
             return predicted
         return max(predicted, shape[0] * shape[1] * math.exp(_interpolate(xs, per_element, x)))
 
-    def measured_as(self, family, dtype: str, p: dict) -> str | None:
-        """The dtype whose measurements of this realisation predict its time in `dtype`: `dtype`
-        itself where the lab measured it, else a measured dtype of the same element size (the
-        kernels move the same bytes and compute in float alike; float16 is timed as bfloat16),
-        else None. Drift is never borrowed: it depends on the dtype's rounding."""
+    def measured_as(self, family, dtype: str, p: dict) -> tuple[str, str] | None:
+        """(family, dtype) of the realisation whose measurements predict this one's time: itself
+        where the lab measured it, else the family in a measured dtype of the same element size
+        (the kernels move the same bytes and compute in float alike; float16 is timed as
+        bfloat16), else, likewise, the family it is declared timed like (`timed_like` in
+        families.toml: the same sweeps over the same bytes, for a family the lab has not measured
+        yet), else None. Drift is never borrowed: it depends on the dtype's rounding and on the
+        family's arithmetic."""
         size = DTYPES[dtype].size
-        for other in (dtype, *sorted(d for d in DTYPES if d != dtype and DTYPES[d].size == size)):
-            if plan.candidate_id(family.name, other, p) in self._records:
-                return other
+        dtypes = (dtype, *sorted(d for d in DTYPES if d != dtype and DTYPES[d].size == size))
+        for name in (family.name, *([family.timed_like] if family.timed_like else [])):
+            for other in dtypes:
+                if plan.candidate_id(name, other, p) in self._records:
+                    return name, other
         return None
 
     def drift(self, config_id: str, max_cols: int) -> tuple[float, int] | None:

@@ -116,12 +116,13 @@ class Family:
     sweeps: int
     params: dict[str, tuple]
     param_rules: tuple[ParamRule, ...]
+    timed_like: str | None = None   # a family of the same sweeps whose lab measurements stand in until its own
 
     def as_record(self) -> dict:
         return {"op": self.op, "summary": self.summary, "header": self.header, "function": self.function,
                 "rules": list(self.rules), "sweeps": self.sweeps,
                 "params": {k: list(v) for k, v in self.params.items()},
-                "param_rules": [vars(p) for p in self.param_rules]}
+                "param_rules": [vars(p) for p in self.param_rules], "timed_like": self.timed_like}
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,7 @@ def _load_families(path: Path, ops: dict[str, OpSemantics], rules: dict[str, Rul
         families[name] = Family(
             name, t.get("op", str, choices=set(ops)), t.get("summary", str), t.get("header", str),
             t.get("function", str), tuple(t.get("rules", list, item=str, choices=set(rules))),
-            t.get("sweeps", int), params, fields.get("param_rules", ()))
+            t.get("sweeps", int), params, fields.get("param_rules", ()), t.get("timed_like", str, default=None))
         t.done()
     doc.done()
     return families
@@ -298,6 +299,11 @@ def _check_families(path: Path, families: dict[str, Family], rules: dict[str, Ru
     """A family whose own rules need a property its operator lacks could never be legal: say so."""
     doc = tomlfile.Table(path, {}, "")
     for family in families.values():
+        twin = families.get(family.timed_like) if family.timed_like else None
+        if family.timed_like and (twin is None or twin is family or twin.timed_like or twin.sweeps != family.sweeps):
+            raise doc.error(f"families.{family.name}.timed_like",
+                            f"another family of {family.sweeps} sweeps, itself timed by its own measurements",
+                            family.timed_like)
         op = ops[family.op]
         subjects = {"op": [(f"operator {op.name}", op.properties)],
                     "reductions": [(f"reduction {r}", reductions[r].properties) for r in op.reductions],
