@@ -38,6 +38,9 @@ RECORDED = [   # (run, summary line the table ends with)
     ("2026-12-01-h200-grid-6-log-softmax-and-one-column.json",
      "45 cases: 4 at >= 95% of the copy, 14 at >= 1.0x both torch.compile and Triton, 45 validated, "
      "26 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-6-log-softmax-twin-prior.json",
+     "9 cases: 0 at >= 95% of the copy, 0 at >= 1.0x both torch.compile and Triton, 9 validated, "
+     "4 at >= 0.9x the best peer"),
 ]
 
 
