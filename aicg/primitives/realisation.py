@@ -178,11 +178,10 @@ class MeasuredPrior:
         A shape larger than the lab's launches is never predicted faster per element than the
         lab measured: those launches already saturate the memory system, and the model's
         credit for rows that a partial wave runs for free does not survive more rows."""
-        found = self.measured_as(family, dtype, p)
-        if found is None:
+        timed_as = self.measured_as(family, dtype, p)
+        if timed_as is None:
             return None
-        config_id = plan.candidate_id(*found, p)
-        dtype = found[1]
+        config_id, dtype = plan.candidate_id(*timed_as, p), timed_as[1]
         found = self._calibration(config_id, family, dtype, p)
         if found is None:
             return None
