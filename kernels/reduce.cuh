@@ -32,8 +32,10 @@ struct Max {
   __device__ float identity() const { return -__int_as_float(0x7f800000); }
   // fmaxf drops NaN; a NaN anywhere in the row must reach the output. Of two
   // zeros +0 wins, whichever side it is on, so every order gives the same bits.
+  // The tests are or-ed as values, not short-circuited: as || and &&, ptxas made each element
+  // a branch and a reconvergence (12 instructions an element in row max bfloat16).
   __device__ float operator()(float a, float b) const {
-    return (a != a || a > b || (a == b && signbit(b))) ? a : b;
+    return ((a != a) | (a > b) | ((a == b) & (__float_as_int(b) < 0))) ? a : b;
   }
 };
 
