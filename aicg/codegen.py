@@ -15,10 +15,12 @@ ENTRY = "aicg_kernel"
 # How a row is split over threads: a warp, a block, one thread, one thread serving eight rows
 # (tiny rows), n lanes of a warp (short rows), or the n blocks of a thread-block cluster (long rows).
 TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thread": "aicg::THREAD_PER_ROW",
+              "block_staged": "aicg::STAGED_BLOCK_PER_ROW",
               "thread_rows8": "aicg::THREAD_PER_8_ROWS",
               "lanes4": "aicg::LANES_4_PER_ROW", "lanes8": "aicg::LANES_8_PER_ROW", "lanes16": "aicg::LANES_16_PER_ROW",
               "cluster2": "aicg::CLUSTER_2_PER_ROW", "cluster4": "aicg::CLUSTER_4_PER_ROW",
               "cluster8": "aicg::CLUSTER_8_PER_ROW"}
+STAGED = {"block_staged"}    # the row copied into shared memory before its sweeps (kernels/row_access.cuh)
 BLOCKS_PER_ROW = {"cluster2": 2, "cluster4": 4, "cluster8": 8}    # any other topology: 1
 LANES_OF_A_WARP = {"warp": 32, "thread": 1, "thread_rows8": 1, "lanes4": 4, "lanes8": 8, "lanes16": 16}  # the rest: blocks
 ROWS_PER_THREAD = {"thread_rows8": 8}    # any other topology: 1
@@ -66,3 +68,13 @@ def launch_geometry(params: dict, rows: int) -> tuple[int, int]:
         return rows * blocks, threads
     rows_per_block = threads // lanes_per_row(params["topology"], threads) * rows_per_thread(params["topology"])
     return (rows + rows_per_block - 1) // rows_per_block, threads
+
+
+def shared_bytes(kernel, params: dict, cols: int, dtype_size: int) -> int:
+    """Dynamic shared memory for a launch: a staged topology's whole row when the kernel may have
+    that much (`kernel.shared_bytes_limit`); otherwise none, and a staged kernel reads the row
+    from global memory as its unstaged twin does."""
+    if params["topology"] not in STAGED:
+        return 0
+    row_bytes = cols * dtype_size
+    return row_bytes if row_bytes <= kernel.shared_bytes_limit else 0

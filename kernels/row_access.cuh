@@ -298,6 +298,39 @@ __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int l
   body(streamed);
 }
 
+// Staging (STAGED_BLOCK_PER_ROW): the block copies its row into dynamic
+// shared memory with asynchronous copies, every pack of the row in flight at
+// once and no register holding it, then runs the sweeps on the copy. A row
+// costs shared memory instead of registers, so more rows are resident per SM
+// and one row's arithmetic overlaps another's loads. Each lane copies exactly
+// the packs it later reads (pack lane + k * lanes), so waiting for its own
+// copies is enough: no barrier.
+extern __shared__ __align__(16) unsigned char staging_buffer[];
+
+// The dynamic shared memory of this launch: the runtime gives a staged kernel
+// the row's bytes when the device allows that much, none otherwise.
+__device__ __forceinline__ unsigned staging_bytes() {
+  unsigned n;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+  return n;
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void stage_row(T* staged, const T* __restrict__ row, int cols, int lane, int lanes) {
+  constexpr int BYTES = V * sizeof(T);
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+  for (int i = lane; i < cols / V; i += lanes) {
+    const unsigned to = (unsigned)__cvta_generic_to_shared(staged + (long long)i * V);
+    const T* from = row + (long long)i * V;
+    if constexpr (BYTES == 16) {   // .cg: through L2 only, as the row is read once from memory
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(from) : "memory");
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(from), "n"(BYTES) : "memory");
+    }
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // body(row, r) for each row this thread serves, r as with_row gives it
 // (FLOATS: as with_row). A thread serving several rows loads all of them
 // first when they are tiny; each row still meets its elements in order, so
@@ -309,6 +342,14 @@ __device__ __forceinline__ void each_row(const T* x, int rows, int cols, int x_s
   if constexpr (R == 1) {
     const long long row = G::row();
     if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
+    if constexpr (TOPOLOGY == STAGED_BLOCK_PER_ROW && V > 1) {
+      if (vectorised && (unsigned)cols * sizeof(T) <= staging_bytes()) {
+        T* staged = reinterpret_cast<T*>(staging_buffer);
+        stage_row<V>(staged, x + row * x_stride, cols, G::lane(), G::lanes);
+        with_row<V, CACHE, FLOATS>(staged, cols, G::lane(), G::lanes, true, [&](auto& r) { body(row, r); });
+        return;
+      }
+    }
     with_row<V, CACHE, FLOATS>(x + row * x_stride, cols, G::lane(), G::lanes, vectorised,
                                [&](auto& r) { body(row, r); });
   } else {

@@ -162,6 +162,18 @@ class Kernel:
         self.launcher(tuple(kind for _, kind in args))(_dim3(grid), _dim3(block), [value for value, _ in args],
                                                        stream, shared_bytes)
 
+    @functools.cached_property
+    def shared_bytes_limit(self) -> int:
+        """The most dynamic shared memory a launch of this entry may ask for: the device's opt-in
+        limit less the entry's static shared memory (raised to it once, here)."""
+        cu = _cu()
+        device = check(cu.cuCtxGetDevice())
+        optin = check(cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device))
+        limit = optin - self.attribute("SHARED_SIZE_BYTES")
+        self.allow_shared_bytes(limit)
+        return limit
+
     def allow_shared_bytes(self, nbytes: int) -> None:
         """Raise the entry's dynamic shared memory limit (above 48 KB needs an opt-in)."""
         attr = _cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES

@@ -29,6 +29,7 @@ import math
 from pathlib import Path
 
 from .. import codegen, digest
+from ..dtypes import DTYPES
 from ..ops import OPERATORS
 from . import arrays, driver
 from .jit import Jit, JitError
@@ -62,7 +63,8 @@ class OpKernels:
         self.chosen: dict[tuple, str] = {}   # (dtype, rows, cols) -> the candidate that ran there
 
     def _launch_for(self, dtype: str, device: int, rows: int, cols: int) -> tuple:
-        """(launcher, argument names in order, grid, block) of the kernel that serves this shape."""
+        """(launcher, argument names in order, grid, block, dynamic shared bytes) of the kernel that
+        serves this shape."""
         key = (dtype, device, rows, cols)
         if key not in self._by_shape:
             if len(self._by_shape) > 4096:    # many distinct shapes: keep the lookup bounded
@@ -71,8 +73,9 @@ class OpKernels:
             kernel, entry, params = self._find_kernel(dtype, device, rows, cols)
             names = tuple(entry["arguments"])
             grid, block = codegen.launch_geometry(params, rows)
+            shared = codegen.shared_bytes(kernel, params, cols, DTYPES[dtype].size)
             self._by_shape[key] = (kernel.launcher(tuple(self._kind(n) for n in names)), names, (grid, 1, 1),
-                                   (block, 1, 1))
+                                   (block, 1, 1), shared)
         return self._by_shape[key]
 
     def _kind(self, argument: str) -> str:
@@ -152,7 +155,7 @@ class OpKernels:
             raise ValueError("x: expected at least one dimension (rows are the last one)")
         cols = xv.shape[-1]
         rows = math.prod(xv.shape[:-1])
-        launch, arguments, grid, block = self._launch_for(xv.dtype, xv.device, max(rows, 1), max(cols, 1))
+        launch, arguments, grid, block, shared = self._launch_for(xv.dtype, xv.device, max(rows, 1), max(cols, 1))
         vector_views = []
         for name, v in zip(named, inputs):
             vv = arrays.view(v, name)
@@ -183,7 +186,7 @@ class OpKernels:
         for name, default in op.scalars:
             values[name] = float(scalars.get(name, default))
         launch(grid, block, [values[n] for n in arguments],
-               arrays.current_stream(xv) if stream is None else int(stream))
+               arrays.current_stream(xv) if stream is None else int(stream), shared)
         return ov.obj
 
 

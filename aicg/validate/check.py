@@ -108,7 +108,7 @@ class Buffers:
         args = [values[n] if n in values else (self.buffers[n].ptr + offsets.get(n, 0), "ptr")
                 for n in self.op.argument_names()]
         grid, block = codegen.launch_geometry(params, rows)
-        kernel.launch(grid, block, args)
+        kernel.launch(grid, block, args, shared_bytes=codegen.shared_bytes(kernel, params, self.cols, self.dtype.size))
 
     def run_poisoned(self, kernel, params: dict, split: int | None = None) -> np.ndarray:
         """Poison the output, launch (in two launches split at row `split`, if given), read back."""
