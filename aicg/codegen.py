@@ -20,7 +20,10 @@ TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thr
               "lanes4": "aicg::LANES_4_PER_ROW", "lanes8": "aicg::LANES_8_PER_ROW", "lanes16": "aicg::LANES_16_PER_ROW",
               "cluster2": "aicg::CLUSTER_2_PER_ROW", "cluster4": "aicg::CLUSTER_4_PER_ROW",
               "cluster8": "aicg::CLUSTER_8_PER_ROW"}
-STAGED = {"block_staged"}    # the row copied into shared memory before its sweeps (kernels/row_access.cuh)
+# The row copied into shared memory before its sweeps (kernels/row_access.cuh): the topology it
+# otherwise is, whose lanes meet the same elements in the same order.
+UNSTAGED = {"block_staged": "block"}
+STAGED = set(UNSTAGED)
 BLOCKS_PER_ROW = {"cluster2": 2, "cluster4": 4, "cluster8": 8}    # any other topology: 1
 LANES_OF_A_WARP = {"warp": 32, "thread": 1, "thread_rows8": 1, "lanes4": 4, "lanes8": 8, "lanes16": 16}  # the rest: blocks
 ROWS_PER_THREAD = {"thread_rows8": 8}    # any other topology: 1

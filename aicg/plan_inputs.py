@@ -50,7 +50,8 @@ def resolve(hardware: Hardware, measured: bool = True) -> dict[str, PlanInput]:
         return _first(hardware, measured, *names)
 
     inputs = {name: fact(name) for name in ("sm_count", "max_threads_per_block", "max_threads_per_sm",
-                                            "max_blocks_per_sm", "registers_per_sm")}
+                                            "max_blocks_per_sm", "registers_per_sm", "shared_memory_per_sm",
+                                            "shared_memory_per_block_optin")}
     # A row operator reads and writes its bytes: the copy rate is its ceiling.
     inputs["dram_bandwidth"] = fact("dram_copy_bandwidth", "dram_bandwidth")
     # Where re-read rows stop hitting: the measured knee, or the L2 size.

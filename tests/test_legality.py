@@ -53,6 +53,8 @@ CASES = [
     ("vector_loads", "softmax", "bitwise", {"forbid": ["vector_loads"]}, False, "forbidden", {}, False),
     ("register_staging", "softmax", "bitwise", {}, True, "no_needs", {}, True),
     ("register_staging", "softmax", "tolerance", {"forbid": ["register_staging"]}, False, "forbidden", {}, False),
+    ("shared_staging", "softmax", "bitwise", {}, True, "no_needs", {}, True),
+    ("shared_staging", "layernorm", "tolerance", {"forbid": ["shared_staging"]}, False, "forbidden", {}, False),
     ("fusion", "rmsnorm", "tolerance", {}, True, "axis", {"axis": "order"}, True),
     ("fusion", "rmsnorm", "bitwise", {}, False, "axis", {"axis": "order"}, False),
     ("rematerialisation", "layernorm", "bitwise", {}, True, "no_needs", {}, True),

@@ -1,6 +1,7 @@
 import os
 import re
 import shutil
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -165,12 +166,20 @@ def test_nvrtc_first_runs_with_its_cache_off_and_the_switch_is_given_back(monkey
 
 
 @pytest.mark.parametrize("topology, threads, per_block", [("warp", 128, 4), ("warp", 1024, 32), ("block", 256, 1),
-                                                        ("thread", 128, 128), ("thread_rows8", 256, 2048)])
+                                                        ("block_staged", 512, 1), ("thread", 128, 128),
+                                                        ("thread_rows8", 256, 2048)])
 @pytest.mark.parametrize("rows", [1, 3, 4, 32, 1000, 4097])
 def test_launch_geometry_covers_every_row_once(topology, threads, per_block, rows):
     blocks, block_threads = codegen.launch_geometry({"threads": threads, "topology": topology}, rows)
     assert block_threads == threads
     assert (blocks - 1) * per_block < rows <= blocks * per_block
+
+
+@pytest.mark.parametrize("topology, cols, expected", [("block_staged", 32768, 65536), ("block_staged", 116224, 232448),
+                                                     ("block_staged", 116232, 0), ("block", 32768, 0)])
+def test_a_staged_launch_asks_for_its_row_of_shared_memory_where_the_kernel_may_have_it(topology, cols, expected):
+    kernel = types.SimpleNamespace(shared_bytes_limit=232448)   # the H200's opt-in limit, 227 KiB
+    assert codegen.shared_bytes(kernel, {"topology": topology}, cols, 2) == expected
 
 
 def test_every_family_compiles_with_every_parameter_set_the_h200_can_run(repo, shipped_ruleset):
