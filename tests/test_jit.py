@@ -4,10 +4,11 @@ a function handed in (the runtime passes the device check)."""
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 
-from aicg import nvrtc
+from aicg import nvrtc, plan
 from aicg.runtime import jit as jit_mod
 from aicg.runtime.instance import Instance
 
@@ -136,18 +137,20 @@ def test_the_device_decides_among_the_first_usable_candidates_and_the_choice_is_
     """The prior ranks; timing at the shape picks. Here the third-ranked is made the fastest."""
     timed_calls = []
 
-    def third_fastest(kernels, shape):
+    def third_fastest(kernels, shape):   # the last timed is the fastest
         timed_calls.append((len(kernels), shape))
-        return [3e-6, 2e-6, 1e-6][:len(kernels)]
+        return [(len(kernels) - i) * 1e-6 for i in range(len(kernels))]
 
     jit = fresh_jit(instance_dir, tmp_path)
-    ranked = jit.planning().best_for_shape("softmax", "float32", (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1]))
-    assert len(ranked) >= jit_mod.TIMED_CANDIDATES
+    ranked = jit_mod.timing_order(
+        jit.planning().best_for_shape("softmax", "float32", (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1])))
+    timed = jit_mod.TIMED_CANDIDATES + jit_mod.unmeasured_besides(ranked)
+    assert len(ranked) >= timed
     made = jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing, timer=third_fastest)
-    assert timed_calls == [(jit_mod.TIMED_CANDIDATES, NEW_SHAPE)]
-    assert made.candidate == ranked[jit_mod.TIMED_CANDIDATES - 1].id
+    assert timed_calls == [(timed, NEW_SHAPE)]
+    assert made.candidate == ranked[timed - 1].id
     [event] = [e for e in jit.events if "timed" in e]
-    assert event["chosen"] == made.candidate and len(event["timed"]) == jit_mod.TIMED_CANDIDATES
+    assert event["chosen"] == made.candidate and len(event["timed"]) == timed
 
     huge = (1 << 22, 1 << 12)                       # 2^34 elements: timed on a slice of the rows it may hold
     fresh_jit(instance_dir, tmp_path / "huge").kernel_for("softmax", "float32", *huge, validate=passing,
@@ -166,3 +169,14 @@ def test_without_the_target_gpu_the_prior_order_stands(instance_dir, tmp_path):
     made = jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing, timer=lambda kernels, shape: None)
     assert made.candidate == ranked[0].id and not [e for e in jit.events if "timed" in e]
     assert not list(jit.cache_dir.glob("choice-*.json"))
+
+
+def test_a_candidate_the_lab_has_not_measured_is_timed_besides_the_measured_ones_not_instead():
+    def cand(name, prior):
+        return types.SimpleNamespace(id=name, prior=prior)
+    lab, model = "realisation profile x.json", plan.DATASHEET
+    ranked = [cand("u1", model), cand("m1", lab), cand("u2", model), cand("m2", lab), cand("m3", lab), cand("m4", lab)]
+    assert [c.id for c in jit_mod.timing_order(ranked)] == ["m1", "m2", "m3", "u1", "u2", "m4"]
+    assert jit_mod.unmeasured_besides(ranked)
+    alone = [cand("u1", model), cand("u2", model)]   # the datasheet prior ranks everything: its order stands
+    assert jit_mod.timing_order(alone) == alone and not jit_mod.unmeasured_besides(alone)

@@ -15,7 +15,8 @@ takes those that
 A kernel it compiled is validated on the device against float64 before its
 first launch (the build's checks); the outcome is kept beside the cubin, per
 GPU, so later processes skip it. On the target GPU the first
-TIMED_CANDIDATES usable ones are then timed at the shape and the fastest
+TIMED_CANDIDATES usable ones (and the best one the lab has not measured yet,
+see timing_order) are then timed at the shape and the fastest
 runs (the prior ranks, the device decides, as in the build); the choice is
 kept per GPU and shape class (jit/choice-<key>.json, with the times). Every
 compilation, validation and timing is reported with its time: `events`, and
@@ -30,13 +31,28 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cas, codegen, digest, nvrtc, planning, toolchain
+from .. import cas, codegen, digest, nvrtc, plan, planning, toolchain
 
 log = logging.getLogger("aicg.jit")
 
 VALIDATION_ROWS = 256   # rows of the new shape checked, besides the build's awkward shapes
 TIMED_CANDIDATES = 3    # usable candidates timed at a new shape before one is chosen
 TIMED_ELEMENTS = 1 << 26   # at most this many elements per timed launch: the inputs and output are allocated again
+
+
+def timing_order(ranked: list) -> list:
+    """The prior's order, except that candidates the lab has not measured (predicted by the model
+    alone, not comparable with the lab's calibrated predictions: see plan.plan_op) come after the
+    first TIMED_CANDIDATES measured ones, so the best of them is timed besides those, not instead."""
+    if not unmeasured_besides(ranked):
+        return ranked
+    measured = [c for c in ranked if c.prior != plan.DATASHEET]
+    return measured[:TIMED_CANDIDATES] + [c for c in ranked if c.prior == plan.DATASHEET] + measured[TIMED_CANDIDATES:]
+
+
+def unmeasured_besides(ranked: list) -> bool:
+    """Whether some candidates were ranked by the lab's measurements and others by the model alone."""
+    return len({c.prior == plan.DATASHEET for c in ranked}) == 2
 
 
 class JitError(RuntimeError):
@@ -100,7 +116,8 @@ class Jit:
         fastest is chosen (the prior only ranks them); the choice is kept per GPU and shape class."""
         shape = (rows_class(rows), cols)
         planned = self.planning()
-        ranked = planned.best_for_shape(op, dtype, shape)
+        ranked = timing_order(planned.best_for_shape(op, dtype, shape))
+        timed_count = TIMED_CANDIDATES + unmeasured_besides(ranked)
         choice_path = self._choice_path(op, dtype, shape, ranked, planned.hardware.name)
         if choice_path.is_file():
             chosen = json.loads(choice_path.read_text())["candidate"]
@@ -113,7 +130,7 @@ class Jit:
                 continue
             usable.append(made)
             if (choice_path.is_file() or timer is None or made.validation != "passed"
-                    or len(usable) == TIMED_CANDIDATES):
+                    or len(usable) == timed_count):
                 break
         if not usable:
             raise JitError(f"no kernel for {op} {dtype} at {rows}x{cols}: every legal candidate was rejected "
