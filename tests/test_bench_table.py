@@ -41,6 +41,12 @@ RECORDED = [   # (run, summary line the table ends with)
     ("2026-12-01-h200-grid-6-log-softmax-twin-prior.json",
      "9 cases: 0 at >= 95% of the copy, 0 at >= 1.0x both torch.compile and Triton, 9 validated, "
      "4 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-7.json", "24 cases: 15 at >= 95% of the copy, 6 at >= 1.0x both torch.compile "
+                                          "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-7-long-rows.json", "54 cases: 3 at >= 95% of the copy, 24 at >= 1.0x both "
+                                              "torch.compile and Triton, 54 validated, 44 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-7-jit-timing-order.json", "5 cases: 0 at >= 95% of the copy, 2 at >= 1.0x both "
+                                                     "torch.compile and Triton, 5 validated, 5 at >= 0.9x the best peer"),
 ]
 
 
