@@ -74,10 +74,10 @@ def launch_geometry(params: dict, rows: int) -> tuple[int, int]:
 
 
 def shared_bytes(kernel, params: dict, cols: int, dtype_size: int) -> int:
-    """Dynamic shared memory for a launch: a staged topology's whole row when the kernel may have
-    that much (`kernel.shared_bytes_limit`); otherwise none, and a staged kernel reads the row
-    from global memory as its unstaged twin does."""
-    if params["topology"] not in STAGED:
-        return 0
+    """Dynamic shared memory for a launch: a staged topology's whole row, when the row is whole
+    packs and the kernel may have that much (`kernel.shared_bytes_limit`); otherwise none, and a
+    staged kernel reads the row from global memory as its unstaged twin does."""
     row_bytes = cols * dtype_size
+    if params["topology"] not in STAGED or row_bytes % params["vec_bytes"]:
+        return 0
     return row_bytes if row_bytes <= kernel.shared_bytes_limit else 0

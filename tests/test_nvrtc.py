@@ -176,10 +176,11 @@ def test_launch_geometry_covers_every_row_once(topology, threads, per_block, row
 
 
 @pytest.mark.parametrize("topology, cols, expected", [("block_staged", 32768, 65536), ("block_staged", 116224, 232448),
-                                                     ("block_staged", 116232, 0), ("block", 32768, 0)])
+                                                     ("block_staged", 116232, 0), ("block_staged", 32767, 0),
+                                                     ("block", 32768, 0)])
 def test_a_staged_launch_asks_for_its_row_of_shared_memory_where_the_kernel_may_have_it(topology, cols, expected):
     kernel = types.SimpleNamespace(shared_bytes_limit=232448)   # the H200's opt-in limit, 227 KiB
-    assert codegen.shared_bytes(kernel, {"topology": topology}, cols, 2) == expected
+    assert codegen.shared_bytes(kernel, {"topology": topology, "vec_bytes": 16}, cols, 2) == expected
 
 
 def test_every_family_compiles_with_every_parameter_set_the_h200_can_run(repo, shipped_ruleset):
