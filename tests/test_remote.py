@@ -13,7 +13,7 @@ import time
 import pytest
 
 from aicg import digest
-from doit_project import doit, instance_files, make_project, receipt_keys
+from doit_project import SMALL_PROFILE_COMPILATIONS, doit, instance_files, make_project, receipt_keys
 from remote_servers import Nginx, Silent, free_port
 
 PROFILE = "profile=rulesets/profiles/small.toml"
@@ -126,7 +126,7 @@ def test_signed_entries_are_trusted_only_with_the_same_key(tmp_path, nginx):
     assert trusted.compilations == 0
     stranger = make_project(tmp_path / "stranger")
     run = build(stranger, {"AICG_REMOTE": nginx.url, "AICG_SIGNING_KEY_FILE": str(other)})
-    assert run.compilations == 8 and counters(stranger)["remote_untrusted_entries"] > 0
+    assert run.compilations == SMALL_PROFILE_COMPILATIONS and counters(stranger)["remote_untrusted_entries"] > 0
 
 
 def test_unsigned_entries_are_refused_by_a_client_with_a_key(tmp_path, nginx):
@@ -135,7 +135,7 @@ def test_unsigned_entries_are_refused_by_a_client_with_a_key(tmp_path, nginx):
     build(make_project(tmp_path / "unsigned"), writer(nginx.url))      # a writer without the key
     careful = make_project(tmp_path / "careful")
     run = build(careful, {"AICG_REMOTE": nginx.url, "AICG_SIGNING_KEY_FILE": str(key)})
-    assert run.compilations == 8 and counters(careful)["remote_untrusted_entries"] > 0
+    assert run.compilations == SMALL_PROFILE_COMPILATIONS and counters(careful)["remote_untrusted_entries"] > 0
 
 
 def test_a_shared_directory_works_as_a_remote(tmp_path):
@@ -194,7 +194,7 @@ def test_recache_reruns_everything_and_overwrites_bad_entries(tmp_path):
         if path.is_file():
             path.write_bytes(b"rot")        # every blob rotten
     run = doit(project, "build", PROFILE, "recache=1")
-    assert run.code == 0 and run.compilations == 8
+    assert run.code == 0 and run.compilations == SMALL_PROFILE_COMPILATIONS
     (project / "build").rename(project / "old-build")
     assert build(project).compilations == 0   # the entries were rewritten whole
 
