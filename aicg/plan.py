@@ -57,6 +57,12 @@ class Candidate:
     prior: str = DATASHEET                 # what predicted them
 
     @property
+    def modelled(self) -> bool:
+        """Predicted by the model alone: the lab has not measured it (or the profile asked for the
+        datasheet prior), so its prediction is not comparable with the lab's calibrated ones."""
+        return self.prior == DATASHEET
+
+    @property
     def score(self) -> float:
         """Geometric mean of the predicted times: every shape counts alike."""
         return math.exp(sum(math.log(t) for t in self.predicted_seconds) / len(self.predicted_seconds))
@@ -246,14 +252,14 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 pool.append(Candidate(candidate_id(family.name, dtype_name, p), op, family.name,
                                       dtype_name, p, rules, times, prior))
             kept.setdefault(dtype_name, set()).update(r for c in pool for r in c.rules)
-            calibrated = [c for c in pool if c.prior != DATASHEET]
+            calibrated = [c for c in pool if not c.modelled]
             if measured is not None and calibrated:
                 # The model alone is not comparable with predictions the lab calibrated (it counts
                 # no arithmetic: staged rows looked 1.3x faster than measured). Realisations the lab
                 # has not measured yet compete among themselves, and their best few are built
                 # besides the measured ones, for the device to compare.
                 chosen.extend(_best_spread(calibrated, per_family))
-                chosen.extend(_best_spread([c for c in pool if c.prior == DATASHEET],
+                chosen.extend(_best_spread([c for c in pool if c.modelled],
                                            min(per_family, UNMEASURED_PER_FAMILY)))
             else:
                 chosen.extend(_best_spread(pool, per_family))

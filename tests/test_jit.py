@@ -173,7 +173,7 @@ def test_without_the_target_gpu_the_prior_order_stands(instance_dir, tmp_path):
 
 def test_a_candidate_the_lab_has_not_measured_is_timed_besides_the_measured_ones_not_instead():
     def cand(name, prior):
-        return types.SimpleNamespace(id=name, prior=prior)
+        return types.SimpleNamespace(id=name, prior=prior, modelled=prior == plan.DATASHEET)
     lab, model = "realisation profile x.json", plan.DATASHEET
     ranked = [cand("u1", model), cand("m1", lab), cand("u2", model), cand("m2", lab), cand("m3", lab), cand("m4", lab)]
     assert [c.id for c in jit_mod.timing_order(ranked)] == ["m1", "m2", "m3", "u1", "u2", "m4"]

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cas, codegen, digest, nvrtc, plan, planning, toolchain
+from .. import cas, codegen, digest, nvrtc, planning, toolchain
 
 log = logging.getLogger("aicg.jit")
 
@@ -46,13 +46,13 @@ def timing_order(ranked: list) -> list:
     first TIMED_CANDIDATES measured ones, so the best of them is timed besides those, not instead."""
     if not unmeasured_besides(ranked):
         return ranked
-    measured = [c for c in ranked if c.prior != plan.DATASHEET]
-    return measured[:TIMED_CANDIDATES] + [c for c in ranked if c.prior == plan.DATASHEET] + measured[TIMED_CANDIDATES:]
+    measured = [c for c in ranked if not c.modelled]
+    return measured[:TIMED_CANDIDATES] + [c for c in ranked if c.modelled] + measured[TIMED_CANDIDATES:]
 
 
 def unmeasured_besides(ranked: list) -> bool:
     """Whether some candidates were ranked by the lab's measurements and others by the model alone."""
-    return len({c.prior == plan.DATASHEET for c in ranked}) == 2
+    return len({c.modelled for c in ranked}) == 2
 
 
 class JitError(RuntimeError):
