@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cas, codegen, digest, nvrtc, plan
+from .. import cas, codegen, digest, nvrtc, plan, toolchain
 from ..dtypes import DTYPES
 from ..ops import OPERATORS
 from ..runtime import driver
@@ -79,16 +79,40 @@ def _compile(job: tuple) -> tuple[str, bytes]:
     return config_id, nvrtc.compile_cubin(source, f"{config_id}.cu", headers, arch)[0]
 
 
-def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers: int | None = None) -> dict[str, bytes]:
-    """Cubins by config id, compiled in worker processes (NVRTC holds the GIL)."""
-    jobs = []
+def _compile_key(source: str, headers: dict[str, bytes], arch: str) -> str:
+    """What decides a cubin: NVRTC gives the same bytes for the same source, headers, options and
+    toolchain, so a cubin compiled once (by a run stopped at its time limit) is not compiled again."""
+    return digest.of_value({"lab_compile": 1, "source": source, "arch": arch, "options": list(nvrtc.OPTIONS),
+                            "toolchain": toolchain.identity(),
+                            "headers": {name: digest.of_bytes(data) for name, data in sorted(headers.items())}})
+
+
+def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers: int | None = None,
+                store: cas.Store | None = None) -> dict[str, bytes]:
+    """Cubins by config id, compiled in worker processes (NVRTC holds the GIL); with a store,
+    taken from it where compiled before and kept in it."""
+    jobs, cubins = {}, {}
     for c in configs:
         family = ruleset.families[c.family]
-        jobs.append((c.id, codegen.source(c.id, family, c.dtype, c.params), nvrtc.include_closure(family.header,
-                                                                                                 kernels_dir), arch))
-    # forkserver: the caller may hold a CUDA context and threads, which a plain fork would copy
-    with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=multiprocessing.get_context("forkserver")) as pool:
-        return dict(pool.map(_compile, jobs, chunksize=8))
+        job = (c.id, codegen.source(c.id, family, c.dtype, c.params), nvrtc.include_closure(family.header,
+                                                                                             kernels_dir), arch)
+        key = _compile_key(*job[1:]) if store else None
+        entry = store.get_action(key) if store else None
+        kept = store.fetch_outputs(entry) if entry else None
+        if kept:
+            cubins[c.id] = kept["cubin"]
+        else:
+            jobs[c.id] = (job, key)
+    if jobs:
+        # forkserver: the caller may hold a CUDA context and threads, which a plain fork would copy
+        with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=multiprocessing.get_context("forkserver")) as pool:
+            compiled = dict(pool.map(_compile, [job for job, _ in jobs.values()], chunksize=8))
+        for config_id, cubin in compiled.items():
+            if store:
+                store.put_action(cas.ActionEntry(jobs[config_id][1], f"lab-compile:{config_id}",
+                                                 {"cubin": store.put_blob(cubin)}))
+        cubins.update(compiled)
+    return cubins
 
 
 def _drift(kernel, buffers: check.Buffers, params: dict, inputs, ref, scale, dtype) -> tuple[float, bool]:

@@ -74,7 +74,7 @@ def task_probe():
 
 
 def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
-    from .. import hw, plan_inputs
+    from .. import cas, config, hw, plan_inputs
     from ..primitives import lab, realisation
     from ..semantics import ruleset as ruleset_loader
     try:
@@ -87,8 +87,10 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
         partial = hwdb_dir / f"{entry.stem}.realisation.partial.json"
         run_method = lab.method(gpu.name, gpu.driver_version)
         headers = lab.kernel_digests(rules, kernels_dir)   # what is compiled now, not after minutes of measuring
-        print(f"  compiling {len(configs)} realisations for {gpu.arch}", file=sys.stderr, flush=True)
-        cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch)
+        print(f"  compiling {len(configs)} realisations for {gpu.arch} (those compiled before come from the store)",
+              file=sys.stderr, flush=True)
+        cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch,
+                                  store=cas.Store(config.load(hwdb_dir.parent).local))
         digests = lab.cubin_digests(cubins)
         # What an interrupted run (a time limit, a lost node) or the profile measured on these
         # very cubins, with this method, GPU and driver, is kept rather than measured again.
