@@ -161,3 +161,10 @@ def test_a_result_past_the_dtype_range_must_be_stored_as_an_infinity_of_its_sign
     result = check._compare(OPERATORS["row_sum"], f16, {"x": f16.encode(x)}, f16.encode(y), rows, cols,
                             (1e-3, 1e-5))
     assert result["within_bound"] is right
+
+
+@pytest.mark.parametrize("op, expected", [("row_sum", 4096 * 512 + 4096), ("rmsnorm", 2 * 4096 * 512 + 512),
+                                          ("residual_rmsnorm", 3 * 4096 * 512 + 512),
+                                          ("bias_gelu_residual", 3 * 4096 * 512 + 512)])
+def test_a_timed_launch_is_credited_with_every_input_matrix_it_reads(op, expected):
+    assert check.moved_bytes(OPERATORS[op], DTYPES["bfloat16"], 4096, 512) == 2 * expected

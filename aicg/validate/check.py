@@ -253,6 +253,12 @@ def _check_shape(kernel, op, dtype, params, shape, trials, tolerance, determinis
     return results
 
 
+def moved_bytes(op, dtype, rows: int, cols: int) -> int:
+    """What a launch moves at the least: each input matrix read once, each vector once, the output written."""
+    out = int(np.prod(op.output_shape(rows, cols)))
+    return (rows * cols * len(op.input_matrices()) + out + len(op.vectors) * cols) * dtype.size
+
+
 def time_shape(kernel, op, dtype, params, shape, repetitions, flush: driver.Buffer, rng) -> dict:
     rows, cols = shape
     buffers = _timing_buffers_for(op, dtype, shape, rng)
@@ -264,7 +270,7 @@ def time_shape(kernel, op, dtype, params, shape, repetitions, flush: driver.Buff
         flush.fill_byte(0)
         samples.append(timer.time(lambda: buffers.launch(kernel, params)))
     seconds = float(np.median(samples)) * 1e-3
-    moved = (rows * cols + buffers.out_count + len(op.vectors) * cols) * dtype.size
+    moved = moved_bytes(op, dtype, rows, cols)
     return {"shape": [rows, cols], "median_seconds": seconds, "bytes": moved,
             "bytes_per_second": moved / seconds, "repetitions": repetitions}
 
