@@ -47,6 +47,9 @@ RECORDED = [   # (run, summary line the table ends with)
                                               "torch.compile and Triton, 54 validated, 44 at >= 0.9x the best peer"),
     ("2026-12-01-h200-grid-7-jit-timing-order.json", "5 cases: 0 at >= 95% of the copy, 2 at >= 1.0x both "
                                                      "torch.compile and Triton, 5 validated, 5 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-8-fused.json",
+     "8 cases: 4 at >= 95% of the copy, 2 at >= 1.0x both torch.compile and Triton, 8 validated, "
+     "6 at >= 0.9x the best peer"),
 ]
 
 
