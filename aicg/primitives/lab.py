@@ -87,6 +87,12 @@ def _compile_key(source: str, headers: dict[str, bytes], arch: str) -> str:
                             "headers": {name: digest.of_bytes(data) for name, data in sorted(headers.items())}})
 
 
+def _stored_cubin(store: cas.Store | None, key: str) -> bytes | None:
+    entry = store.get_action(key) if store else None
+    outputs = store.fetch_outputs(entry) if entry else None
+    return outputs["cubin"] if outputs else None
+
+
 def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers: int | None = None,
                 store: cas.Store | None = None) -> dict[str, bytes]:
     """Cubins by config id, compiled in worker processes (NVRTC holds the GIL); with a store,
@@ -96,13 +102,12 @@ def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers:
         family = ruleset.families[c.family]
         job = (c.id, codegen.source(c.id, family, c.dtype, c.params), nvrtc.include_closure(family.header,
                                                                                              kernels_dir), arch)
-        key = _compile_key(*job[1:]) if store else None
-        entry = store.get_action(key) if store else None
-        kept = store.fetch_outputs(entry) if entry else None
-        if kept:
-            cubins[c.id] = kept["cubin"]
-        else:
+        key = _compile_key(*job[1:])
+        stored = _stored_cubin(store, key)
+        if stored is None:
             jobs[c.id] = (job, key)
+        else:
+            cubins[c.id] = stored
     if jobs:
         # forkserver: the caller may hold a CUDA context and threads, which a plain fork would copy
         with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=multiprocessing.get_context("forkserver")) as pool:
