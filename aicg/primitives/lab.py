@@ -79,12 +79,11 @@ def _compile(job: tuple) -> tuple[str, bytes]:
     return config_id, nvrtc.compile_cubin(source, f"{config_id}.cu", headers, arch)[0]
 
 
-def _compile_key(source: str, headers: dict[str, bytes], arch: str) -> str:
+def _compile_key(source: str, header_digests: dict[str, str], arch: str) -> str:
     """What decides a cubin: NVRTC gives the same bytes for the same source, headers, options and
     toolchain, so a cubin compiled once (by a run stopped at its time limit) is not compiled again."""
     return digest.of_value({"lab_compile": 1, "source": source, "arch": arch, "options": list(nvrtc.OPTIONS),
-                            "toolchain": toolchain.identity(),
-                            "headers": {name: digest.of_bytes(data) for name, data in sorted(headers.items())}})
+                            "toolchain": toolchain.identity(), "headers": header_digests})
 
 
 def _stored_cubin(store: cas.Store | None, key: str) -> bytes | None:
@@ -98,11 +97,16 @@ def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers:
     """Cubins by config id, compiled in worker processes (NVRTC holds the GIL); with a store,
     taken from it where compiled before and kept in it."""
     jobs, cubins = {}, {}
+    closures: dict[str, tuple[dict, dict]] = {}   # header -> (its include closure, their digests): read once
     for c in configs:
         family = ruleset.families[c.family]
-        job = (c.id, codegen.source(c.id, family, c.dtype, c.params), nvrtc.include_closure(family.header,
-                                                                                             kernels_dir), arch)
-        key = _compile_key(*job[1:])
+        if family.header not in closures:
+            headers = nvrtc.include_closure(family.header, kernels_dir)
+            closures[family.header] = headers, {name: digest.of_bytes(data) for name, data in sorted(headers.items())}
+        headers, header_digests = closures[family.header]
+        source = codegen.source(c.id, family, c.dtype, c.params)
+        job = (c.id, source, headers, arch)
+        key = _compile_key(source, header_digests, arch)
         stored = _stored_cubin(store, key)
         if stored is None:
             jobs[c.id] = (job, key)
