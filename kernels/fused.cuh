@@ -1,6 +1,6 @@
 // Fused chains over rows: x and a residual r of the same shape read
 // together, per-column vectors beside them, one output written once.
-// Template parameters as in softmax.cuh (FAST_EXP and CACHE unused). Input rows lie
+// Template parameters as in softmax.cuh (FAST_EXP unused; CACHE only by residual_rmsnorm). Input rows lie
 // x_stride and r_stride elements apart; y is dense.
 #pragma once
 #include "ieee.cuh"
@@ -101,7 +101,10 @@ __device__ __forceinline__ void bias_gelu_residual(const T* __restrict__ x, cons
   });
 }
 
-// y = h / sqrt(mean(h^2) + eps) * w with h = x + r, recomputed in the second sweep
+// y = h / sqrt(mean(h^2) + eps) * w with h = x + r: held in registers as floats when CACHE
+// packs per lane hold the row (the peers' way for long rows: x and r are read once), else
+// recomputed in the second sweep. Each lane meets its elements in the same order either way,
+// so the bits are the same.
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const T* __restrict__ r,
                                                  const T* __restrict__ w, T* __restrict__ y, int rows, int cols,
@@ -112,7 +115,29 @@ __device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const 
   if (row >= rows) return;
   const T* xr = x + row * x_stride;
   const T* rr = r + row * r_stride;
+  T* yr = y + row * cols;
   const bool vec = rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, w, y);
+  const auto normalise = [&](auto& h) {
+    float ss = 0.0f;
+    h.each([&](int, float v) { ss += v * v; });
+    ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
+    const float scale = reciprocal_sqrt(ss / cols + eps);
+    h.store(w, (const T*)nullptr, yr, [&](int, float v, float wj, float) { return v * scale * wj; });
+  };
+  if constexpr (CACHE > 0) {
+    if ((VEC == 1 || vec) && cols <= G::lanes * VEC * CACHE) {
+      if (cols == G::lanes * VEC * CACHE) {
+        RowCache<VEC, CACHE, T, true, true> h;
+        h.load_sum(xr, rr, cols, G::lane(), G::lanes);
+        normalise(h);
+      } else {
+        RowCache<VEC, CACHE, T, false, true> h;
+        h.load_sum(xr, rr, cols, G::lane(), G::lanes);
+        normalise(h);
+      }
+      return;
+    }
+  }
   float ss = 0.0f;
   for_each_pair<VEC>(xr, rr, cols, G::lane(), G::lanes, vec, [&](float xj, float rj) {
     const float h = xj + rj;
@@ -120,7 +145,7 @@ __device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const 
   });
   ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
   const float scale = reciprocal_sqrt(ss / cols + eps);
-  map_pair<VEC>(xr, rr, w, y + row * cols, cols, G::lane(), G::lanes, vec,
+  map_pair<VEC>(xr, rr, w, yr, cols, G::lane(), G::lanes, vec,
                 [&](float xj, float rj, float wj) { return (xj + rj) * scale * wj; });
 }
 

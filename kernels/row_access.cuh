@@ -202,6 +202,20 @@ struct RowCache {
     }
   }
 
+  // Hold h = x + r, a residual added to the row, as floats (the bits of adding them at each
+  // use).
+  __device__ __forceinline__ void load_sum(const T* x, const T* r, int cols_, int lane_, int lanes_) {
+    static_assert(FLOATS, "a sum of two rows is held as floats");
+    cols = cols_, lane = lane_, lanes = lanes_, held = (cols_ / V - lane_ + lanes_ - 1) / lanes_;
+#pragma unroll
+    for (int u = 0; u < CACHE; ++u) {
+      if (!holds(u)) continue;
+      const Pack<T, V> px = load_pack<V>(x + start(u)), pr = load_pack<V>(r + start(u));
+#pragma unroll
+      for (int k = 0; k < V; ++k) slot[u].v[k] = to_float(px.v[k]) + to_float(pr.v[k]);
+    }
+  }
+
   template <typename F>
   __device__ __forceinline__ void each(F&& f) const {
 #pragma unroll
