@@ -101,9 +101,10 @@ def test_illegal_families_give_no_candidates(shipped_ruleset, load_profile, all_
 def test_the_best_few_are_kept_per_family_and_dtype(full_pool, shipped_ruleset, all_facts):
     """At most k per (family, dtype): the best overall first, then the predicted
     best at each workload shape, the best of each structure (topology, row held
-    in registers or not) when k allows, and otherwise the best by predicted time."""
+    in registers or not, one row per SM or several) when k allows, and otherwise the best by predicted time."""
     prof, pool = full_pool
-    structure = lambda c: (c.params["topology"], c.params["cache_packs"] > 0)
+    def structure(c):
+        return plan.structure(c, max(cols for _, cols in prof.workload[c.op].shapes), all_facts)
     for k in [1, 2, 3, 4]:
         kept = make_plan(shipped_ruleset, prof, all_facts, per_family=k)
         assert {(c.family, c.dtype) for c in kept} == {(c.family, c.dtype) for c in pool}

@@ -112,8 +112,10 @@ def report(measured_path: str, realisation_path: str | None = None) -> dict:
                     continue
                 total += len(mine)
                 picked = []
+                longest = max(cols for _, cols in prof.workload[op].shapes)
                 for family in {c.family for c in mine}:
-                    picked += plan._best_spread([c for c in mine if c.family == family], prof.candidates_per_family)
+                    picked += plan._best_spread([c for c in mine if c.family == family], prof.candidates_per_family,
+                                                lambda c: plan.structure(c, longest, inputs))
                 benchmarked += len(picked)
                 measured_of = {c.id: _geomean(timed[c.id]["seconds"]) for c in mine}
                 best = min(measured_of.values())
