@@ -50,6 +50,16 @@ RECORDED = [   # (run, summary line the table ends with)
     ("2026-12-01-h200-acceptance-8-fused.json",
      "8 cases: 4 at >= 95% of the copy, 2 at >= 1.0x both torch.compile and Triton, 8 validated, "
      "6 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-9-fused.json",
+     "8 cases: 6 at >= 95% of the copy, 2 at >= 1.0x both torch.compile and Triton, 8 validated, "
+     "8 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-acceptance-9.json", "24 cases: 15 at >= 95% of the copy, 7 at >= 1.0x both torch.compile "
+                                          "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-9-fused.json", "60 cases: 23 at >= 95% of the copy, 27 at >= 1.0x both torch.compile "
+                                          "and Triton, 60 validated, 38 at >= 0.9x the best peer"),
+    ("2026-12-01-h200-grid-9-fused-long-rows.json",
+     "9 cases: 2 at >= 95% of the copy, 3 at >= 1.0x both torch.compile and Triton, 9 validated, "
+     "8 at >= 0.9x the best peer"),
 ]
 
 
