@@ -22,6 +22,7 @@ import os
 import re
 from pathlib import Path
 
+from . import digest, toolchain
 from .errors import CompileError
 
 OPTIONS = ("-std=c++17", "-default-device", "--ptxas-options=-v")
@@ -30,6 +31,13 @@ _INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 # Count of compilations in this process: tests check restores run none.
 compilations = 0
+
+
+def compile_key(source: str, header_digests: dict[str, str], arch: str) -> str:
+    """What decides a cubin: NVRTC gives the same bytes for the same source, headers (by digest),
+    target, options and toolchain. The lab's store and the JIT's cache both key cubins by it."""
+    return digest.of_value({"source": source, "headers": header_digests, "arch": arch, "options": list(OPTIONS),
+                            "toolchain": toolchain.identity()})
 
 
 def include_closure(header: str, kernels_dir: Path) -> dict[str, bytes]:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cas, codegen, digest, nvrtc, plan, toolchain
+from .. import cas, codegen, digest, nvrtc, plan
 from ..dtypes import DTYPES
 from ..ops import OPERATORS
 from ..runtime import driver
@@ -79,13 +79,6 @@ def _compile(job: tuple) -> tuple[str, bytes]:
     return config_id, nvrtc.compile_cubin(source, f"{config_id}.cu", headers, arch)[0]
 
 
-def _compile_key(source: str, header_digests: dict[str, str], arch: str) -> str:
-    """What decides a cubin: NVRTC gives the same bytes for the same source, headers, options and
-    toolchain, so a cubin compiled once (by a run stopped at its time limit) is not compiled again."""
-    return digest.of_value({"lab_compile": 1, "source": source, "arch": arch, "options": list(nvrtc.OPTIONS),
-                            "toolchain": toolchain.identity(), "headers": header_digests})
-
-
 def _stored_cubin(store: cas.Store | None, key: str) -> bytes | None:
     entry = store.get_action(key) if store else None
     outputs = store.fetch_outputs(entry) if entry else None
@@ -106,7 +99,7 @@ def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers:
         headers, header_digests = closures[family.header]
         source = codegen.source(c.id, family, c.dtype, c.params)
         job = (c.id, source, headers, arch)
-        key = _compile_key(source, header_digests, arch)
+        key = nvrtc.compile_key(source, header_digests, arch)   # a run stopped at its time limit compiles none again
         stored = _stored_cubin(store, key)
         if stored is None:
             jobs[c.id] = (job, key)

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cas, codegen, digest, nvrtc, planning, toolchain
+from .. import cas, codegen, digest, nvrtc, planning
 
 log = logging.getLogger("aicg.jit")
 
@@ -195,8 +195,7 @@ class Jit:
         source = codegen.source(cand.id, family, cand.dtype, cand.params)
         headers = nvrtc.include_closure(family.header, self.source / "kernels")
         arch = planned.hardware.arch
-        key = digest.of_value({"source": source, "headers": {n: digest.of_bytes(b) for n, b in headers.items()},
-                               "arch": arch, "options": list(nvrtc.OPTIONS), "toolchain": toolchain.identity()})
+        key = nvrtc.compile_key(source, {name: digest.of_bytes(data) for name, data in headers.items()}, arch)
         return source, headers, arch, key
 
     def _cached_or_compiled(self, cand, planned):
