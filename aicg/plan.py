@@ -140,13 +140,12 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     threads = p["threads"]
     blocks_per_row = codegen.blocks_per_row(p["topology"])
     rows_at_once = codegen.rows_per_thread(p["topology"])
-    layout = residency(dtype_name, p, cols, hw)
-    lanes, rows_per_block, vec, tiny, staged, fits, blocks_per_sm = (
-        layout.lanes, layout.rows_per_block, layout.vec, layout.tiny, layout.staged, layout.fits, layout.blocks_per_sm)
+    on_sm = residency(dtype_name, p, cols, hw)
+    lanes, vec, fits, rows_per_block = on_sm.lanes, on_sm.vec, on_sm.fits, on_sm.rows_per_block
     blocks = math.ceil(rows / rows_per_block)
     row_bytes = cols * dtype.size
-    resident_blocks = min(blocks, hw["sm_count"] * blocks_per_sm)
-    waves = math.ceil(blocks / (hw["sm_count"] * blocks_per_sm))
+    resident_blocks = min(blocks, hw["sm_count"] * on_sm.blocks_per_sm)
+    waves = math.ceil(blocks / (hw["sm_count"] * on_sm.blocks_per_sm))
 
     # Bytes: the first sweep and the write go to DRAM; later sweeps hit L2
     # when the rows being worked on at once fit in it.
@@ -163,7 +162,7 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     lane_use = cols / (math.ceil(cols / per_step) * per_step)
     # A lane has LOADS_IN_FLIGHT accesses out at once, fewer when its share of the row is smaller;
     # a staged row has all of them out at once.
-    accesses = (rows_at_once * cols if tiny else math.ceil(cols / per_step) if staged
+    accesses = (rows_at_once * cols if on_sm.tiny else math.ceil(cols / per_step) if on_sm.staged
                 else min(plan_inputs.LOADS_IN_FLIGHT, math.ceil(cols / per_step)))
     in_flight = resident_blocks * threads * accesses * vec * dtype.size
     fill = min(1.0, in_flight / (hw["sm_count"] * hw["saturating_bytes_per_sm"]))

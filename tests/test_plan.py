@@ -127,6 +127,26 @@ def test_the_best_few_are_kept_per_family_and_dtype(full_pool, shipped_ruleset, 
             assert all(c.score <= o.score for c in mine if c not in leaders for o in dropped)
 
 
+def test_a_held_row_that_leaves_one_row_per_sm_is_its_own_structure(all_facts):
+    """Rows of 16384 bfloat16 elements at 512 threads: eight packs per lane hold twice the row, and
+    their registers leave room for one block per SM; four packs hold it exactly and two blocks fit.
+    The device gets to compare both (measured on the H200: 87 against 55 us at 2048 rows), even
+    where the prior ranks a second one-row-per-SM candidate ahead of it."""
+    def candidate(threads, cache_packs, predicted):
+        p = {"threads": threads, "vec_bytes": 16, "topology": "block", "fast_exp": False, "cache_packs": cache_packs}
+        return plan.Candidate(plan.candidate_id("residual_rmsnorm_tree", "bfloat16", p), "residual_rmsnorm",
+                              "residual_rmsnorm_tree", "bfloat16", p, (), (predicted,))
+    eight, wide_four, unheld, four = (candidate(512, 8, 1.0), candidate(1024, 4, 1.2), candidate(1024, 0, 1.5),
+                                      candidate(512, 4, 2.0))
+    assert plan.residency("bfloat16", eight.params, 16384, all_facts).rows_per_sm == 1
+    assert plan.residency("bfloat16", wide_four.params, 16384, all_facts).rows_per_sm == 1
+    assert plan.residency("bfloat16", four.params, 16384, all_facts).rows_per_sm == 2
+    assert plan.structure(eight, 16384, all_facts) == plan.structure(wide_four, 16384, all_facts)
+    assert plan.structure(eight, 16384, all_facts) != plan.structure(four, 16384, all_facts)
+    spread = plan._best_spread([eight, wide_four, unheld, four], 3, lambda c: plan.structure(c, 16384, all_facts))
+    assert spread == [eight, unheld, four]
+
+
 def test_candidates_are_well_formed(full_pool, all_facts):
     prof, pool = full_pool
     assert len({c.id for c in pool}) == len(pool)
