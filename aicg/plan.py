@@ -13,6 +13,7 @@ candidates ahead of bad ones.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -259,7 +260,7 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
     reported in `rejected` with the measurement."""
     chosen: list[Candidate] = []
     max_cols = max(cols for _, cols in shapes)
-    structure_of = lambda c: structure(c, max_cols, hw)   # noqa: E731  the longest rows: where residency bites
+    structure_of = functools.partial(structure, cols=max_cols, hw=hw)   # the longest rows: where residency bites
     drifted: dict[tuple[str, str], list] = {}   # (dtype, rule) -> [(drift, cols, family)] of dropped realisations
     kept: dict[str, set] = {}                   # dtype -> rules some kept candidate uses
     for family in families:
