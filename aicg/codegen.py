@@ -13,13 +13,14 @@ from .semantics.ruleset import Family
 
 ENTRY = "aicg_kernel"
 # How a row is split over threads: a warp, a block, one thread, one thread serving eight rows
-# (tiny rows), n lanes of a warp (short rows), or the n blocks of a thread-block cluster (long rows).
+# (tiny rows), n lanes of a warp (short rows), or the n blocks of a thread-block cluster (long rows);
+# or, for maps alone, no rows: the matrix one range over the whole grid (flat).
 TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thread": "aicg::THREAD_PER_ROW",
               "block_staged": "aicg::STAGED_BLOCK_PER_ROW",
               "thread_rows8": "aicg::THREAD_PER_8_ROWS",
               "lanes4": "aicg::LANES_4_PER_ROW", "lanes8": "aicg::LANES_8_PER_ROW", "lanes16": "aicg::LANES_16_PER_ROW",
               "cluster2": "aicg::CLUSTER_2_PER_ROW", "cluster4": "aicg::CLUSTER_4_PER_ROW",
-              "cluster8": "aicg::CLUSTER_8_PER_ROW"}
+              "cluster8": "aicg::CLUSTER_8_PER_ROW", "flat": "aicg::FLAT"}
 # The row copied into shared memory before its sweeps (kernels/row_access.cuh): the topology it
 # otherwise is, whose lanes meet the same elements in the same order.
 UNSTAGED = {"block_staged": "block"}
@@ -63,9 +64,17 @@ def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> 
     )
 
 
-def launch_geometry(params: dict, rows: int) -> tuple[int, int]:
-    """(blocks, threads per block) that cover `rows` rows."""
+FLAT = "flat"
+MAX_GRID = 2**31 - 1    # blocks in a grid's x dimension
+
+
+def launch_geometry(params: dict, rows: int, cols: int, dtype_size: int) -> tuple[int, int]:
+    """(blocks, threads per block) that cover `rows` rows of `cols` elements: a flat walk gets a
+    thread per pack of the whole matrix."""
     threads = params["threads"]
+    if params["topology"] == FLAT:
+        units = -(-rows * cols // max(1, params["vec_bytes"] // dtype_size))
+        return min(MAX_GRID, -(-units // threads)), threads
     blocks = blocks_per_row(params["topology"])
     if blocks > 1:
         return rows * blocks, threads

@@ -137,6 +137,11 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     block reductions included in both."""
     rows, cols = shape
     dtype = DTYPES[dtype_name]
+    if p["topology"] == codegen.FLAT:
+        # No rows: to the model, a flat walk is rows of one pack per thread of a block, none
+        # reduced (dense rows are walked in packs whatever their length).
+        chunk = p["threads"] * p["vec_bytes"] // dtype.size
+        shape = rows, cols = math.ceil(rows * cols / chunk), chunk
     op = OPERATORS[family.op]
     threads = p["threads"]
     blocks_per_row = codegen.blocks_per_row(p["topology"])
@@ -185,7 +190,7 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
     row_seconds = groups * (hw["dram_latency_seconds"] + later * hw["l2_latency_seconds"])
 
     overhead = hw["launch_seconds"]
-    if lanes > 32:   # a block's reduction; a cluster's adds one more level like it
+    if lanes > 32 and p["topology"] != codegen.FLAT:   # a block's reduction; a cluster's adds one more level like it
         overhead += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1) * (1 + (blocks_per_row > 1))
     by_bytes = (dram_bytes + cached_bytes / hw["cached_sweep_speedup"]) / bandwidth
     return overhead + by_bytes, overhead + waves * row_seconds

@@ -84,21 +84,89 @@ __device__ __forceinline__ void map_pair(const T* __restrict__ x, const T* __res
   }
 }
 
+// y = g(x, r, c) over the elements of y in order as one range spread over the whole grid, V at a
+// time (launch_geometry gives each pack a thread; the loop strides on where the grid was capped).
+// Where x and r are dense like y, a pack runs on across row ends, each element stepping its
+// column on from the pack's first; where rows lie apart, a pack stays in its row (whole packs
+// per row, or V == 1). c is read a pack at a time where each pack is one of c's (c_packed).
+// Index is 32 bits wherever the elements allow it: the division that finds a pack's row is a
+// long subroutine in 64.
+template <int V, typename Index, typename T, typename G>
+__device__ __forceinline__ void map_pair_flat_in(const T* __restrict__ x, const T* __restrict__ r,
+                                                 const T* __restrict__ c, T* __restrict__ y, Index elements,
+                                                 Index cols, Index x_stride, Index r_stride, bool c_packed, G& g) {
+  const bool dense = x_stride == cols && r_stride == cols;
+  const Index first = (Index)blockIdx.x * blockDim.x + threadIdx.x, step = (Index)gridDim.x * blockDim.x;
+  const Index packs = elements / V;
+  for (Index i = first; i < packs; i += step) {
+    const Index e = i * V, row = e / cols, j = e - row * cols;
+    const Pack<T, V> px = load_pack<V>(x + (dense ? e : row * x_stride + j));
+    const Pack<T, V> pr = load_pack<V>(r + (dense ? e : row * r_stride + j));
+    if (c_packed) {
+      store_pack<V>(y + e, map_pair_pack<V>(px, pr, c, j, g));
+      continue;
+    }
+    float out[V];
+    Index column = j;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      out[k] = g(to_float(px.v[k]), to_float(pr.v[k]), to_float(c[column]));
+      column = column + 1 == cols ? 0 : column + 1;
+    }
+    store_pack<V>(y + e, pack_floats<T, V>(out));
+  }
+  for (Index e = packs * V + first; e < elements; e += step)   // dense rows' last partial pack
+    y[e] = from_float<T>(g(to_float(x[e]), to_float(r[e]), to_float(c[e % cols])));
+}
+
+template <int V, typename T, typename G>
+__device__ __forceinline__ void map_pair_flat(const T* __restrict__ x, const T* __restrict__ r,
+                                              const T* __restrict__ c, T* __restrict__ y, int rows, int cols,
+                                              int x_stride, int r_stride, G&& g) {
+  const long long elements = (long long)rows * cols;
+  const long long reach = (long long)(rows - 1) * (x_stride > r_stride ? x_stride : r_stride) + cols;
+  // Dense rows are one row of rows * cols elements to the packs' alignment; c is its own row.
+  const bool dense = x_stride == cols && r_stride == cols;
+  const bool packs = dense ? rows_vectorisable<V>(V, 0, x, r, y)
+                           : rows_vectorisable<V>(cols, x_stride | r_stride, x, r, y);
+  const bool c_packed = packs && rows_vectorisable<V>(cols, 0, c);
+  const auto walk = [&](auto index) {
+    using Index = decltype(index);
+    if (packs) {
+      map_pair_flat_in<V, Index>(x, r, c, y, (Index)elements, (Index)cols, (Index)x_stride, (Index)r_stride,
+                                 c_packed, g);
+    } else {
+      map_pair_flat_in<1, Index>(x, r, c, y, (Index)elements, (Index)cols, (Index)x_stride, (Index)r_stride,
+                                 false, g);
+    }
+  };
+  if (elements < (1ll << 31) && reach < (1ll << 31)) {
+    walk(0u);
+  } else {
+    walk(0ull);
+  }
+}
+
 // y = gelu(x + b) + r, gelu(z) = z (1 + erf(z / sqrt 2)) / 2
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void bias_gelu_residual(const T* __restrict__ x, const T* __restrict__ r,
                                                    const T* __restrict__ b, T* __restrict__ y, int rows, int cols,
                                                    int x_stride, int r_stride) {
-  using G = RowGroup<THREADS, TOPOLOGY>;
-  static_assert(G::rows_per_thread == 1, "fused chains serve one row per thread");
-  const long long row = G::row();
-  if (row >= rows) return;
-  map_pair<VEC>(x + row * x_stride, r + row * r_stride, b, y + row * cols, cols, G::lane(), G::lanes,
-                rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, b, y),
-                [](float xj, float rj, float bj) {
+  const auto gelu_residual = [](float xj, float rj, float bj) {
     const float z = xj + bj;
     return 0.5f * z * (1.0f + erff(z * 0.707106781186547524f)) + rj;
-  });
+  };
+  if constexpr (TOPOLOGY == FLAT) {
+    map_pair_flat<VEC>(x, r, b, y, rows, cols, x_stride, r_stride, gelu_residual);
+  } else {
+    const bool vec = rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, b, y);
+    using G = RowGroup<THREADS, TOPOLOGY>;
+    static_assert(G::rows_per_thread == 1, "fused chains serve one row per thread");
+    const long long row = G::row();
+    if (row >= rows) return;
+    map_pair<VEC>(x + row * x_stride, r + row * r_stride, b, y + row * cols, cols, G::lane(), G::lanes, vec,
+                  gelu_residual);
+  }
 }
 
 // y = h / sqrt(mean(h^2) + eps) * w with h = x + r: held in registers as floats when CACHE

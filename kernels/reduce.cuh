@@ -18,11 +18,14 @@ namespace aicg {
 // one element has one load in flight; eight rows' loads go out together).
 // STAGED_BLOCK_PER_ROW is BLOCK_PER_ROW with the row first copied into shared
 // memory (row_access.cuh): the same lanes meet the same elements, so the same bits.
+// FLAT is for maps alone (fused.cuh): no rows at all, the matrix one range of elements over
+// the whole grid, so that a single row or rows of one element still use every SM.
 enum Topology {
   WARP_PER_ROW = 0, BLOCK_PER_ROW = 1, THREAD_PER_ROW = 2, STAGED_BLOCK_PER_ROW = 3,
   LANES_4_PER_ROW = 4, LANES_8_PER_ROW = 8, LANES_16_PER_ROW = 16,
   CLUSTER_2_PER_ROW = 102, CLUSTER_4_PER_ROW = 104, CLUSTER_8_PER_ROW = 108,
-  THREAD_PER_8_ROWS = 208
+  THREAD_PER_8_ROWS = 208,
+  FLAT = 300
 };
 
 struct Sum {
@@ -61,6 +64,7 @@ __device__ __forceinline__ float shfl_xor(float v, int offset, unsigned members)
 // blockIdx.x % blocks.
 template <int THREADS, int TOPOLOGY>
 struct RowGroup {
+  static_assert(TOPOLOGY != FLAT, "flat is a map's walk (fused.cuh): it has no rows to split");
   static constexpr int blocks = TOPOLOGY == CLUSTER_2_PER_ROW   ? 2
                                 : TOPOLOGY == CLUSTER_4_PER_ROW ? 4
                                 : TOPOLOGY == CLUSTER_8_PER_ROW ? 8

@@ -170,9 +170,19 @@ def test_nvrtc_first_runs_with_its_cache_off_and_the_switch_is_given_back(monkey
                                                         ("thread_rows8", 256, 2048)])
 @pytest.mark.parametrize("rows", [1, 3, 4, 32, 1000, 4097])
 def test_launch_geometry_covers_every_row_once(topology, threads, per_block, rows):
-    blocks, block_threads = codegen.launch_geometry({"threads": threads, "topology": topology}, rows)
+    blocks, block_threads = codegen.launch_geometry({"threads": threads, "topology": topology, "vec_bytes": 16},
+                                                    rows, 4096, 2)
     assert block_threads == threads
     assert (blocks - 1) * per_block < rows <= blocks * per_block
+
+
+@pytest.mark.parametrize("rows, cols, vec_bytes, dtype_size", [(1, 65536, 16, 2), (4194304, 1, 16, 2), (3, 33, 4, 4),
+                                                               (1, 1, 16, 4), (1000, 1000, 16, 4)])
+def test_a_flat_launch_gives_a_thread_to_each_pack_of_the_matrix(rows, cols, vec_bytes, dtype_size):
+    blocks, threads = codegen.launch_geometry({"threads": 256, "topology": "flat", "vec_bytes": vec_bytes},
+                                              rows, cols, dtype_size)
+    packs = -(-rows * cols // (vec_bytes // dtype_size))
+    assert threads == 256 and (blocks - 1) * 256 < packs <= blocks * 256
 
 
 @pytest.mark.parametrize("topology, cols, expected", [("block_staged", 32768, 65536), ("block_staged", 116224, 232448),

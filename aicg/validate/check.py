@@ -107,7 +107,7 @@ class Buffers:
         values.update({name: (value, "float") for name, value in self.op.scalars})
         args = [values[n] if n in values else (self.buffers[n].ptr + offsets.get(n, 0), "ptr")
                 for n in self.op.argument_names()]
-        grid, block = codegen.launch_geometry(params, rows)
+        grid, block = codegen.launch_geometry(params, rows, self.cols, self.dtype.size)
         kernel.launch(grid, block, args, shared_bytes=codegen.shared_bytes(kernel, params, self.cols, self.dtype.size))
 
     def run_poisoned(self, kernel, params: dict, split: int | None = None) -> np.ndarray:
