@@ -107,6 +107,27 @@ def test_a_family_the_lab_has_not_measured_is_timed_like_its_declared_twin(h200,
     assert prior(alone, "float32", r["params"], shape) is None
 
 
+def test_a_flat_walk_is_predicted_by_its_element_count_not_its_row_length(h200, shipped_ruleset):
+    """4194304 rows of one element are the lab's 128 rows of 32768 to a flat walk: the same
+    elements in the same packs. Ranked by row length instead, 4-byte packs came ahead of 16-byte
+    ones there (H200 bfloat16: 17.6 against 13.4 us)."""
+    _, _, recorded, prior = h200
+    family = shipped_ruleset.families["bias_gelu_residual_map"]
+    timed = {r["id"]: r for r in recorded.records if r["params"]["topology"] == "flat" and r["dtype"] == "bfloat16"
+             and (r["rows"], r["cols"]) == (128, 32768)}
+    assert len(timed) >= 2
+    predicted = {i: prior(family, "bfloat16", r["params"], (4194304, 1)) for i, r in timed.items()}
+    assert all(math.isclose(predicted[i], r["seconds"]) for i, r in timed.items())
+    narrow, wide = (next(i for i in timed if ".t128.v{}.flat".format(v) in i) for v in (4, 16))
+    assert predicted[wide] < predicted[narrow]
+    # between the lab's counts, in between; beyond its largest, per element
+    r = timed[wide]
+    assert prior(family, "bfloat16", r["params"], (1, 1000)) < predicted[wide] < prior(family, "bfloat16", r["params"], (4096, 4096))
+    largest = max((q for q in recorded.records if q["id"] == wide), key=lambda q: q["rows"] * q["cols"])
+    twice = prior(family, "bfloat16", r["params"], (largest["rows"] * 2, largest["cols"]))
+    assert math.isclose(twice, 2 * prior(family, "bfloat16", r["params"], (largest["rows"], largest["cols"])))
+
+
 def _accuracy(repo):
     spec = importlib.util.spec_from_file_location("plan_accuracy", repo / "tests/bench/plan_accuracy.py")
     module = importlib.util.module_from_spec(spec)
