@@ -6,36 +6,44 @@
 #                             stopped, hwdb/<gpu>.realisation.partial.json: carry it back to resume)
 #   PROFILES="rulesets/profiles/default.toml rulesets/profiles/fused.toml"
 #   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300  GRID_SELECT="4194304x1 or 1x65536" (a -k expression)
-# Results go to $OUT (or ./device-out); carried wheels in .whl/ are installed first.
+# Results go to $OUT (or ./device-out): the realisation profile, the bench JSONs, instances.tgz and
+# logs.tgz (every log, refreshed after each step), no more than six files, so that a node that
+# returns few files returns them all. Carried wheels in .whl/ are installed first.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
+LOGS=$(mktemp -d)
+keep_logs() { tar czf "$OUT/logs.tgz" -C "$LOGS" .; }
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 PROFILES=${PROFILES:-rulesets/profiles/default.toml}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOGS/gpu.txt"
+python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$LOGS/gpu.txt"
 if [ "${PRIMITIVES_SECONDS:-0}" -gt 0 ]; then
-  timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives 2>&1 | tee "$OUT/primitives.log" | tail -45
+  timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives 2>&1 | tee "$LOGS/primitives.log" | tail -45
   cp hwdb/*.realisation*.json "$OUT/" 2>/dev/null
+  keep_logs
 fi
 instances=()
 for profile in $PROFILES; do
   name=$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['instance']['name'])" "$profile")
-  timeout "${BUILD_SECONDS:-400}" python3 -m doit build profile="$profile" 2>&1 | tee "$OUT/build-$name.log" | tail -25
-  cp "build/$name/manifest.json" "$OUT/manifest-$name.json" 2>/dev/null
+  timeout "${BUILD_SECONDS:-400}" python3 -m doit build profile="$profile" 2>&1 | tee "$LOGS/build-$name.log" | tail -25
+  cp "build/$name/manifest.json" "$LOGS/manifest-$name.json" 2>/dev/null
   instances+=("build/$name")
+  keep_logs
 done
 tar czf "$OUT/instances.tgz" "${instances[@]}"
 instance=$(IFS=,; echo "${instances[*]}")
 bench() {   # bench SUITE SECONDS [-k EXPRESSION]: stopped at the limit; the JSON holds every case finished by then
   AICG_INSTANCE=$instance AICG_BENCH_JSON="$OUT/bench-$1.json" timeout -s INT "$2" \
     python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "$1${3:+ and ($3)}" -q -p no:cacheprovider \
-    --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$OUT/bench-$1.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60
+    --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$LOGS/bench-$1.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60
+  keep_logs
 }
 bench acceptance "${ACCEPTANCE_SECONDS:-120}"
 if [ -n "${GPU_TESTS:-}" ]; then
-  timeout "${GPU_TEST_SECONDS:-200}" python3 -m pytest -m gpu $GPU_TESTS -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  timeout "${GPU_TEST_SECONDS:-200}" python3 -m pytest -m gpu $GPU_TESTS -q -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log" | tail -15
+  keep_logs
 fi
 [ "${GRID_SECONDS:-0}" -gt 0 ] && bench grid "$GRID_SECONDS" "${GRID_SELECT:-}"
