@@ -109,6 +109,14 @@ def test_a_family_param_of_the_wrong_element_type(rules_dir, edit, raises_input_
         ruleset.load(rules_dir)
 
 
+def test_a_flat_walk_for_an_operator_that_reduces_its_rows_is_refused(rules_dir, edit, raises_input_error):
+    edit(rules_dir / "families.toml", 'params.topology = ["warp", "block", "lanes4", "thread"]   # one row per thread',
+         'params.topology = ["warp", "block", "lanes4", "thread", "flat"]   # one row per thread')
+    with raises_input_error(rules_dir / "families.toml", "families.residual_rmsnorm_tree.params.topology",
+                            "a flat walk has no rows, so only an operator that atlas.toml states elementwise"):
+        ruleset.load(rules_dir)
+
+
 def test_a_family_whose_rules_its_operator_cannot_meet_is_a_contradiction(rules_dir, edit, raises_input_error):
     edit(rules_dir / "families.toml", 'function = "aicg::row_sum"\nrules = ["tree_reduction"]',
          'function = "aicg::row_sum"\nrules = ["tree_reduction", "welford"]')

@@ -16,8 +16,8 @@ from .. import tomlfile
 
 HOLDS = {"real", "exact"}
 # How a family template may split a row over threads (aicg/codegen.py maps each to kernels/reduce.cuh).
-TOPOLOGY_NAMES = ("warp", "block", "block_staged", "thread", "thread_rows8", "lanes4", "lanes8", "lanes16", "cluster2", "cluster4", "cluster8",
-                  "flat")
+TOPOLOGY_NAMES = ("warp", "block", "block_staged", "thread", "thread_rows8", "lanes4", "lanes8", "lanes16",
+                  "cluster2", "cluster4", "cluster8", "flat")
 # Every family template takes these parameters: (type, allowed values or None).
 PARAM_TYPES = {"threads": (int, None), "vec_bytes": (int, None),
                "topology": (str, set(TOPOLOGY_NAMES)), "fast_exp": (bool, None), "cache_packs": (int, None)}
@@ -306,6 +306,10 @@ def _check_families(path: Path, families: dict[str, Family], rules: dict[str, Ru
                             f"another family of {family.sweeps} sweeps, itself timed by its own measurements",
                             family.timed_like)
         op = ops[family.op]
+        if "flat" in family.params["topology"] and "elementwise" not in op.properties:
+            raise doc.error(f"families.{family.name}.params.topology",
+                            f"topologies that keep {op.name}'s rows whole: a flat walk has no rows, so only an "
+                            f"operator that atlas.toml states elementwise may take it", "flat")
         subjects = {"op": [(f"operator {op.name}", op.properties)],
                     "reductions": [(f"reduction {r}", reductions[r].properties) for r in op.reductions],
                     "functions": [(f"function {f}", functions[f].properties) for f in op.functions]}
