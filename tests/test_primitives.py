@@ -118,7 +118,7 @@ def test_a_flat_walk_is_predicted_by_its_element_count_not_its_row_length(h200, 
     assert len(timed) >= 2
     predicted = {i: prior(family, "bfloat16", r["params"], (4194304, 1)) for i, r in timed.items()}
     assert all(math.isclose(predicted[i], r["seconds"]) for i, r in timed.items())
-    narrow, wide = (next(i for i in timed if ".t128.v{}.flat".format(v) in i) for v in (4, 16))
+    narrow, wide = (next(i for i in timed if f".t128.v{v}.flat" in i) for v in (4, 16))
     assert predicted[wide] < predicted[narrow]
     # between the lab's counts, in between; beyond its largest, per element
     r = timed[wide]
