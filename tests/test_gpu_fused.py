@@ -59,3 +59,23 @@ def test_fused_chains_match_float64(instance, dtype, shape, x_cols, r_cols):
     h = xd + rd
     inv = torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-5)
     assert ((y.double() - h * inv * wd).abs() <= atol + rtol * (xd.abs() + rd.abs()) * inv * wd.abs()).all()
+
+
+@pytest.mark.parametrize("stride", [2**30 + 64, 2**30 + 65])   # whole packs apart; one element at a time
+def test_the_flat_walk_indexes_in_64_bits_where_rows_reach_past_2_to_the_31(stride):
+    """Three rows 2^30 elements apart reach past 2^31 elements: the flat walk's 64-bit index
+    path (every other test stays in 32 bits), with packs and, for an odd stride, without."""
+    from aicg import codegen, hw, nvrtc
+    from aicg.semantics import ruleset
+    from aicg.validate import validate_on_device
+    from doit_project import REPO
+    rules = ruleset.load(REPO / "rulesets")
+    family = rules.families["bias_gelu_residual_map"]
+    params = {"threads": 256, "vec_bytes": 16, "topology": "flat", "fast_exp": False, "cache_packs": 0}
+    source = codegen.source("flat", family, "bfloat16", params)
+    cubin = nvrtc.compile_cubin(source, "flat.cu", nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90")[0]
+    result = validate_on_device(cubin, hw.load(REPO / "hwdb/nvidia-h200.toml"), "bias_gelu_residual", "bfloat16",
+                                params, tolerance=rules.presets["tolerance"].tolerance["bfloat16"], deterministic=True,
+                                bitwise=False, check_shapes=[(3, 64, stride)], timed_shapes=[], trials=1,
+                                repetitions=1)
+    assert result["status"] == "passed", result
