@@ -22,7 +22,9 @@ def test_the_lab_measures_time_drift_and_stability_of_real_kernels(repo, shipped
                if c.family in ("row_sum_tree", "row_sum_sequential") and c.params["threads"] == 128]
     cubins = lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_%d%d" % info.compute_capability, 4)
     records = lab.measure(configs, cubins, info.l2_bytes, progress=lambda line: None)
-    assert len(records) == 2 * (1 + len(lab.FEW_ROWS)) * len(configs)   # a full launch and the few-row ones
+    # a full launch and the few-row ones at each row length, tiny rows too where a row has one thread
+    assert len(records) == sum(len(lab.row_lengths(c)) for c in configs) * (1 + len(lab.FEW_ROWS))
+    assert {r["cols"] for r in records if r["params"]["topology"] == "thread"} == {*lab.TINY_COLS, 64, 4096}
     assert {r["rows"] for r in records if r["cols"] == 4096} == {*lab.FEW_ROWS, (1 << 24) // 4096}
     for r in records:
         assert r["seconds"] > 0 and r["bytes"] >= 4 * r["rows"] * r["cols"]

@@ -29,9 +29,12 @@ def test_the_recorded_profile_covers_every_runnable_realisation_of_its_families(
     assert {c.id for c in lab.configurations(shipped_ruleset, inputs)} == ids
     assert {r["family"] for r in recorded.records} == set(shipped_ruleset.families)
     assert recorded.provenance["device"] == "NVIDIA H200" and recorded.provenance["date"]
-    assert {r["cols"] for r in recorded.records} == set(lab.COLS)
+    lengths: dict[str, set[int]] = {}
+    for r in recorded.records:
+        lengths.setdefault(r["id"], set()).add(r["cols"])
+    assert lengths == {c.id: set(lab.row_lengths(c)) for c in lab.configurations(shipped_ruleset, inputs)}
     # what the next run needs to keep the realisations whose cubins are unchanged
-    assert recorded.provenance["lab"] == lab.method("NVIDIA H200", recorded.provenance["driver"])
+    assert lab.same_method(recorded.provenance["lab"], lab.method("NVIDIA H200", recorded.provenance["driver"]))
     assert set(recorded.provenance["cubins"]) == set(recorded.provenance["measured_on"]) == ids
 
 
@@ -242,17 +245,18 @@ def test_the_lab_measures_on_every_runnable_realisation_and_names_them_as_the_pl
     assert dataclasses.asdict(c)["op"] == shipped_ruleset.families[c.family].op
 
 
-def _profile_with_few_rows(tmp_path, family_name, dtype, p, full_seconds, few_seconds, few_rows=lab.FEW_ROWS):
-    """A profile of one realisation: full launches at each lab row length, and few-row launches."""
+def _profile_with_few_rows(tmp_path, family_name, dtype, p, full_seconds, few_seconds, few_rows=lab.FEW_ROWS,
+                           lengths=lab.COLS):
+    """A profile of one realisation: full launches at each of `lengths`, and few-row launches."""
     cid = plan.candidate_id(family_name, dtype, p)
     records = []
-    for cols in lab.COLS:
+    for cols in lengths:
         full = lab.ROW_ELEMENTS // cols
         for rows, seconds in ((full, full_seconds(full, cols)), *((n, few_seconds(n, cols)) for n in few_rows)):
             records.append({"id": cid, "family": family_name, "dtype": dtype, "params": p, "rows": rows,
                             "cols": cols, "seconds": seconds, "bytes": 8 * rows * cols, "drift": 0.0,
                             "bit_stable": True})
-    path = tmp_path / f"{len(few_rows)}.realisation.json"
+    path = tmp_path / f"{len(few_rows)}-{len(lengths)}.realisation.json"
     realisation.save(path, {"date": "d", "driver": "v", "clocks": "c", "method": "m", "repetitions": 5,
                             "device": "NVIDIA H200", "arch": "sm_90"}, records)
     return realisation.load(path)
@@ -278,6 +282,48 @@ def test_launches_of_few_rows_are_predicted_from_the_few_row_measurements(h200, 
     assert prior(family, "float32", p, (1, 32768)) == pytest.approx(few[1], rel=1e-9)
     assert without(family, "float32", p, (1, 32768)) > 2 * few[1]     # the full launches' calibration alone
     assert without(family, "float32", p, (8192, 4096)) == prior(family, "float32", p, (8192, 4096))
+
+
+def test_a_thread_serving_tiny_rows_is_predicted_from_tiny_rows_alone(h200, shipped_ruleset, tmp_path):
+    """Rows of at most TINY_ROW elements take another code path when a thread serves eight of
+    them: their measurements predict tiny rows, and the longer rows' predict the rest."""
+    _, inputs, _, _ = h200
+    family = shipped_ruleset.families["rmsnorm_tree"]
+    p = {"threads": 128, "vec_bytes": 16, "topology": "thread_rows8", "fast_exp": False, "cache_packs": 0}
+    c = lab.Config("rmsnorm", "rmsnorm_tree", "bfloat16", p)
+    assert lab.row_lengths(c) == (*lab.TINY_COLS, *lab.COLS)
+    model = lambda rows, cols: plan.predict_seconds(family, "bfloat16", p, (rows, cols), inputs)  # noqa: E731
+    tiny_cost = lambda rows, cols: (5 if cols <= 4 else 1) * model(rows, cols)   # noqa: E731
+    both = realisation.MeasuredPrior(_profile_with_few_rows(
+        tmp_path, "rmsnorm_tree", "bfloat16", p, tiny_cost, tiny_cost, lengths=lab.row_lengths(c)), inputs)
+    long_only = realisation.MeasuredPrior(_profile_with_few_rows(
+        tmp_path, "rmsnorm_tree", "bfloat16", p, tiny_cost, tiny_cost), inputs)
+    for shape in ((4194304, 1), (1048576, 3), (2097152, 2)):
+        assert both(family, "bfloat16", p, shape) == pytest.approx(5 * model(*shape), rel=1e-6)
+        assert long_only(family, "bfloat16", p, shape) == pytest.approx(model(*shape), rel=1e-6)
+    for shape in ((1048576, 5), (8192, 1000), (4096, 32768)):   # the longer rows' path: unchanged
+        assert both(family, "bfloat16", p, shape) == long_only(family, "bfloat16", p, shape)
+    # a thread per row has no tiny path: its one-element rows calibrate the rows around them
+    thread = dict(p, topology="thread")
+    assert lab.row_lengths(lab.Config("rmsnorm", "rmsnorm_tree", "bfloat16", thread)) == (*lab.TINY_COLS, *lab.COLS)
+    assert lab.row_lengths(lab.Config("rmsnorm", "rmsnorm_tree", "bfloat16", dict(p, topology="warp"))) == lab.COLS
+
+
+def test_a_run_that_adds_row_lengths_keeps_the_records_of_the_others(tmp_path):
+    method = lab.method("NVIDIA H200", "580.159.04")
+    earlier = {**method, "cols": list(lab.COLS)}      # a profile from before the row lengths left the method
+    assert lab.same_method(earlier, method) and not lab.same_method({**earlier, "driver": "581.0"}, method)
+    assert not lab.same_method(None, method)
+    partial = tmp_path / "nvidia-h200.realisation.partial.json"
+    kept = lab.Measured({"a": "digest of a"}, [{"id": "a", "cols": 1, "rows": 1, "seconds": 1e-6}], {"a": "2026-12-02"})
+    lab.checkpoint(partial, earlier, kept)
+    assert lab.resume(partial, method) == kept
+    # an interrupted run measured a's tiny rows; the profile, its long ones: both kept, each once
+    profile = lab.Measured({"a": "digest of a"}, [{"id": "a", "cols": n, "rows": 1, "seconds": 2e-6}
+                                                  for n in (1, 64, 512)], {"a": "2026-11-30"})
+    found = lab.reusable({"a": "digest of a"}, [kept, profile])
+    assert sorted((r["cols"], r["seconds"]) for r in found.records) == [(1, 1e-6), (64, 2e-6), (512, 2e-6)]
+    assert found.measured_on == {"a": "2026-12-02"}
 
 
 def test_an_interrupted_lab_run_resumes_only_under_the_same_method(tmp_path):

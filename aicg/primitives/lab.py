@@ -35,13 +35,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cas, codegen, digest, nvrtc, plan
+from .. import cas, codegen, digest, nvrtc, plan, plan_inputs
 from ..dtypes import DTYPES
 from ..ops import OPERATORS
 from ..runtime import driver
 from ..validate import check
 
 COLS = (64, 512, 4096, 32768)
+# Rows of one and of TINY_ROW elements as well, for realisations that give a row one thread: a
+# thread serving several rows holds tiny rows element by element (kernels/row_access.cuh), a code
+# path the longer rows never take, and a thread per row of one element makes the most launches
+# of the fewest bytes. Elsewhere a tiny row is the long rows' code with idle lanes, as modelled.
+TINY_COLS = (1, plan_inputs.TINY_ROW)
 ROW_ELEMENTS = 1 << 26        # per timed launch: 256 MiB of float32, several times the L2
 FEW_ROWS = (1, 128)           # launches of a single row and of about one wave, timed besides the full one
 DRIFT_ROWS = 64
@@ -64,6 +69,12 @@ class Config:
 def configurations(ruleset, hw: dict, dtypes=DTYPES_MEASURED) -> list[Config]:
     return [Config(family.op, family.name, dtype, p) for family in ruleset.families.values() for dtype in dtypes
             for p in plan.runnable_params(family, dtype, hw)]
+
+
+def row_lengths(config: Config) -> tuple[int, ...]:
+    """The row lengths the lab measures a realisation at."""
+    one_thread = codegen.lanes_per_row(config.params["topology"], config.params["threads"]) == 1
+    return (TINY_COLS if one_thread else ()) + COLS
 
 
 def kernel_digests(ruleset, kernels_dir) -> dict[str, str]:
@@ -132,9 +143,17 @@ def _drift(kernel, buffers: check.Buffers, params: dict, inputs, ref, scale, dty
 
 
 def method(device: str, driver_version: str) -> dict:
-    """What makes two lab runs' records of one cubin comparable: the grid, the repetitions, the GPU."""
-    return {"cols": list(COLS), "few_rows": list(FEW_ROWS), "row_elements": ROW_ELEMENTS,
+    """What makes two lab runs' records of one cubin at one row length comparable: the launches,
+    the repetitions, the GPU. The row lengths are not part of it: each record names its own, so
+    a run that adds row lengths keeps the records of the others."""
+    return {"few_rows": list(FEW_ROWS), "row_elements": ROW_ELEMENTS,
             "repetitions": REPETITIONS, "drift_rows": DRIFT_ROWS, "device": device, "driver": driver_version}
+
+
+def same_method(recorded: dict | None, run_method: dict) -> bool:
+    """Whether records kept under `recorded` (a profile's or an interrupted run's method) are this
+    run's; earlier runs listed their row lengths in it."""
+    return recorded is not None and {k: v for k, v in recorded.items() if k != "cols"} == run_method
 
 
 def cubin_digests(cubins: dict[str, bytes]) -> dict[str, str]:
@@ -170,30 +189,36 @@ def resume(path: Path, run_method: dict) -> Measured:
         kept = json.loads(path.read_text())
     except json.JSONDecodeError:
         return NOTHING
-    if kept.get("method") != run_method or not {"cubins", "records", "measured_on"} <= set(kept):
+    if not same_method(kept.get("method"), run_method) or not {"cubins", "records", "measured_on"} <= set(kept):
         return NOTHING
     return Measured(kept["cubins"], kept["records"], kept["measured_on"])
 
 
 def reusable(cubins: dict[str, str], sources: list[Measured]) -> Measured:
     """What the sources (earlier runs of this method, the first winning) measured on the cubins
-    of `cubins` (digest by config id): their records, kept rather than measured again."""
+    of `cubins` (digest by config id): their records, kept rather than measured again, each row
+    length of a realisation from the first source that measured it."""
     taken = Measured({}, [], {})
+    have: set[tuple[str, int]] = set()
     for source in sources:
-        same = {config_id for config_id, d in source.cubins.items()
-                if cubins.get(config_id) == d and config_id not in taken.cubins}
-        taken.records += [r for r in source.records if r["id"] in same]
-        taken.cubins.update({config_id: cubins[config_id] for config_id in same})
-        taken.measured_on.update({config_id: source.measured_on[config_id] for config_id in same})
+        same = {config_id for config_id, d in source.cubins.items() if cubins.get(config_id) == d}
+        records = [r for r in source.records if r["id"] in same and (r["id"], r["cols"]) not in have]
+        taken.records += records
+        have |= {(r["id"], r["cols"]) for r in records}
+        for config_id in same:
+            taken.cubins.setdefault(config_id, cubins[config_id])
+            taken.measured_on.setdefault(config_id, source.measured_on[config_id])
     return taken
 
 
 def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, progress=print,
-            keep=None) -> list[dict]:
+            keep=None, lengths: dict[str, tuple[int, ...]] | None = None) -> list[dict]:
     """One record per (config, row length, row count: FEW_ROWS and the full launch): seconds, bytes
-    moved, drift, bit stability. `keep(records so far)` runs after each operator and dtype."""
+    moved, drift, bit stability; at each config's `lengths` (by id; row_lengths() by default).
+    `keep(records so far)` runs after each operator and dtype."""
     rng = np.random.default_rng()
     records = []
+    lengths = {c.id: (lengths or {}).get(c.id, row_lengths(c)) for c in configs}
     by_case: dict[tuple, list[Config]] = {}
     for c in configs:
         by_case.setdefault((c.op, c.dtype), []).append(c)
@@ -201,7 +226,8 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
         for (op_name, dtype_name), group in sorted(by_case.items()):
             op, dtype = OPERATORS[op_name], DTYPES[dtype_name]
             drift_cases = {}
-            for cols in COLS:     # one draw and one float64 reference per row length, shared by the realisations
+            for cols in sorted({n for c in group for n in lengths[c.id]}):
+                # one draw and one float64 reference per row length, shared by the realisations
                 small = check.Buffers(op, dtype, DRIFT_ROWS, cols)
                 inputs = check.draw(op, dtype, DRIFT_ROWS, cols, 0, rng)
                 wide = {n: dtype.decode(a).astype(np.float64).reshape(a.shape) for n, a in inputs.items()}
@@ -209,7 +235,7 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
             for c in group:
                 kernel = driver.Kernel(cubins[c.id], codegen.ENTRY)
                 try:
-                    for cols in COLS:
+                    for cols in lengths[c.id]:
                         small, inputs, ref, scale = drift_cases[cols]
                         # uploaded again for each realisation: an input left altered on the device
                         # (once every rmsnorm float32 realisation at 32768 columns read inf drift)
@@ -230,10 +256,11 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
             check.release_timing_buffers()
             ids = {c.id for c in group}
             mine = [r for r in records if r["id"] in ids]
-            for cols in COLS:
+            for cols in sorted(drift_cases):
                 full = max(r["rows"] for r in mine if r["cols"] == cols)
-                best = min((r for r in mine if r["cols"] == cols and r["rows"] == full), key=lambda r: r["seconds"])
-                progress(f"  {op_name:9s} {dtype_name:8s} cols {cols:5d}: {len(group):3d} realisations, best "
+                launches = [r for r in mine if r["cols"] == cols and r["rows"] == full]
+                best = min(launches, key=lambda r: r["seconds"])
+                progress(f"  {op_name:9s} {dtype_name:8s} cols {cols:5d}: {len(launches):3d} realisations, best "
                          f"{best['bytes'] / best['seconds'] / 1e12:.2f} TB/s ({best['id']})")
             if keep is not None:
                 keep(records)

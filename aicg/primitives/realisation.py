@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cas, codegen, digest, plan
+from .. import cas, codegen, digest, plan, plan_inputs
 from ..dtypes import DTYPES
 from ..errors import InputError
 
@@ -126,8 +126,8 @@ class MeasuredPrior:
     def __init__(self, profile: Profile, hw: dict):
         self.profile, self.hw = profile, hw
         self._records = profile.by_config()
-        self._ratios: dict[str, tuple[list[float], list[float]]] = {}
-        self._few: dict[str, list] = {}
+        self._ratios: dict[tuple[str, bool], tuple | None] = {}
+        self._few: dict[tuple[str, bool], list] = {}
         self._by_elements: dict[str, tuple[list[float], list[float]]] = {}
 
     def _flat(self, config_id: str, shape) -> float:
@@ -149,10 +149,18 @@ class MeasuredPrior:
             return math.exp(ys[-1] - xs[-1]) * elements
         return math.exp(_interpolate(xs, ys, math.log(elements)))
 
-    def _full_and_few(self, config_id: str) -> tuple[list[dict], dict[int, list[dict]]]:
+    @staticmethod
+    def _tiny(p: dict, cols: int) -> bool:
+        """Whether rows of `cols` take a thread's tiny-row path (kernels/row_access.cuh), whose
+        costs the longer rows' measurements do not tell, nor these theirs."""
+        return codegen.rows_per_thread(p["topology"]) > 1 and cols <= plan_inputs.TINY_ROW
+
+    def _full_and_few(self, config_id: str, tiny: bool) -> tuple[list[dict], dict[int, list[dict]]]:
         """The lab's full launch at each row length (its most rows), and its launches of few rows
-        (a single row, one wave) by row count."""
+        (a single row, one wave) by row count: of the row lengths on the same path as `tiny`
+        where the lab measured any, else of all."""
         points = self._records.get(config_id, [])
+        points = [r for r in points if self._tiny(r["params"], r["cols"]) == tiny] or points
         most = {}
         for r in points:
             if r["rows"] > most.get(r["cols"], 0):
@@ -164,32 +172,34 @@ class MeasuredPrior:
                 few.setdefault(r["rows"], []).append(r)
         return full, few
 
-    def _few_rows(self, config_id: str, family, dtype: str, p: dict) -> list[tuple[int, list[float], list[float]]]:
+    def _few_rows(self, config_id: str, tiny: bool, family, dtype: str,
+                  p: dict) -> list[tuple[int, list[float], list[float]]]:
         """(rows, log cols, log measured/modelled time) per few-row launch count the lab measured,
         fewest rows first."""
-        if config_id not in self._few:
-            _, few = self._full_and_few(config_id)
-            self._few[config_id] = [
+        if (config_id, tiny) not in self._few:
+            _, few = self._full_and_few(config_id, tiny)
+            self._few[config_id, tiny] = [
                 (rows, [math.log(r["cols"]) for r in rs],
                  [math.log(r["seconds"] / plan.predict_seconds(family, dtype, p, (rows, r["cols"]), self.hw))
                   for r in rs])
                 for rows, rs in sorted(few.items())]
-        return self._few[config_id]
+        return self._few[config_id, tiny]
 
-    def _calibration(self, config_id: str, family, dtype: str, p: dict):
+    def _calibration(self, config_id: str, tiny: bool, family, dtype: str, p: dict):
         """(log cols, log measured/modelled byte time, log seconds per element) at each measured
         row length's full launch, and the most elements one measured launch covered."""
-        if config_id not in self._ratios:
-            points, _ = self._full_and_few(config_id)
+        key = config_id, tiny
+        if key not in self._ratios:
+            points, _ = self._full_and_few(config_id, tiny)
             if not points:
-                self._ratios[config_id] = None
+                self._ratios[key] = None
             else:
                 xs = [math.log(r["cols"]) for r in points]
                 ys = [math.log(r["seconds"] / plan.model_terms(family, dtype, p, (r["rows"], r["cols"]), self.hw)[0])
                       for r in points]
                 per_element = [math.log(r["seconds"] / (r["rows"] * r["cols"])) for r in points]
-                self._ratios[config_id] = (xs, ys, per_element, max(r["rows"] * r["cols"] for r in points))
-        return self._ratios[config_id]
+                self._ratios[key] = (xs, ys, per_element, max(r["rows"] * r["cols"] for r in points))
+        return self._ratios[key]
 
     def __call__(self, family, dtype: str, p: dict, shape) -> float | None:
         """The model's time to move the bytes, calibrated by the measurements at the nearest row
@@ -204,12 +214,13 @@ class MeasuredPrior:
         config_id, dtype = plan.candidate_id(*timed_as, p), timed_as[1]
         if p["topology"] == codegen.FLAT:
             return self._flat(config_id, shape)
-        found = self._calibration(config_id, family, dtype, p)
+        tiny = self._tiny(p, shape[1])
+        found = self._calibration(config_id, tiny, family, dtype, p)
         if found is None:
             return None
         xs, ys, per_element, largest = found
         x = math.log(shape[1])
-        few = self._few_rows(config_id, family, dtype, p)
+        few = self._few_rows(config_id, tiny, family, dtype, p)
         by_bytes, by_waits = plan.model_terms(family, dtype, p, shape, self.hw)
         if few and shape[0] <= few[-1][0]:
             # Within the few-row launches the lab timed, the model calibrated by them instead,

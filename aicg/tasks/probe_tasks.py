@@ -95,8 +95,12 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
         # What an interrupted run (a time limit, a lost node) or the profile measured on these
         # very cubins, with this method, GPU and driver, is kept rather than measured again.
         kept = lab.reusable(digests, [lab.resume(partial, run_method), _profile_source(path, run_method)])
-        todo = [c for c in configs if c.id not in kept.cubins]
-        print(f"  {len(kept.cubins)} realisations measured before on the same cubins, {len(todo)} to measure",
+        done = {(r["id"], r["cols"]) for r in kept.records}
+        lengths = {c.id: tuple(n for n in lab.row_lengths(c) if (c.id, n) not in done) for c in configs}
+        todo = [c for c in configs if lengths[c.id]]
+        at_new_lengths = sum(c.id in kept.cubins for c in todo)
+        print(f"  {len(kept.cubins)} realisations measured before on the same cubins, {len(todo)} to measure"
+              + (f" ({at_new_lengths} of them only at row lengths not measured before)" if at_new_lengths else ""),
               file=sys.stderr, flush=True)
         today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
 
@@ -107,13 +111,14 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
         before = gpu.clocks()
         new = lab.measure(todo, cubins, gpu.attributes["L2_CACHE_SIZE"],
                           progress=lambda line: print(line, file=sys.stderr, flush=True),
-                          keep=lambda new: lab.checkpoint(partial, run_method, so_far(new)))
+                          keep=lambda new: lab.checkpoint(partial, run_method, so_far(new)), lengths=lengths)
         after = gpu.clocks()
         measured = so_far(new)
     except (DeviceError, CompileError, InputError) as err:
         return TaskFailed(f"primitives: {err}")
     provenance = {"date": today, "driver": gpu.driver_version, "clocks": f"before: {before}; after: {after}",
-                  "method": f"every runnable realisation over row lengths {list(lab.COLS)} at {lab.ROW_ELEMENTS} "
+                  "method": f"every runnable realisation over row lengths {list(lab.COLS)} (and "
+                            f"{list(lab.TINY_COLS)} where a row has one thread) at {lab.ROW_ELEMENTS} "
                             f"elements per launch and at {list(lab.FEW_ROWS)} rows: events around one launch, "
                             f"L2 flushed, median of "
                             f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64",
@@ -134,7 +139,7 @@ def _profile_source(path: Path, run_method: dict):
     record no method or cubins: nothing is kept from them)."""
     from ..primitives import lab, realisation
     profile = realisation.load(path)
-    if profile is None or profile.provenance.get("lab") != run_method:
+    if profile is None or not lab.same_method(profile.provenance.get("lab"), run_method):
         return lab.NOTHING
     cubins = profile.provenance.get("cubins", {})
     dates = profile.provenance.get("measured_on", {})
