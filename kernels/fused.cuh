@@ -169,52 +169,101 @@ __device__ __forceinline__ void bias_gelu_residual(const T* __restrict__ x, cons
   }
 }
 
-// y = h / sqrt(mean(h^2) + eps) * w with h = x + r: held in registers as floats when CACHE
-// packs per lane hold the row (the peers' way for long rows: x and r are read once), else
-// recomputed in the second sweep. Each lane meets its elements in the same order either way,
-// so the bits are the same.
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
-__device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const T* __restrict__ r,
-                                                 const T* __restrict__ w, T* __restrict__ y, int rows, int cols,
-                                                 int x_stride, int r_stride, float eps) {
+// y = h / sqrt(mean(h^2) + eps) * w for a held h (RowCache::load_sum), the row's lanes together.
+template <int THREADS, int TOPOLOGY, typename T, typename Held>
+__device__ __forceinline__ void normalise_held(Held& h, const T* __restrict__ w, T* __restrict__ y, int cols,
+                                               float eps) {
+  float ss = 0.0f;
+  h.each([&](int, float v) { ss += v * v; });
+  ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
+  const float scale = reciprocal_sqrt(ss / cols + eps);
+  h.store(w, (const T*)nullptr, y, [&](int, float v, float wj, float) { return v * scale * wj; });
+}
+
+// One row of residual_rmsnorm by its row group's lanes: h = x + r held in registers as floats
+// when CACHE packs per lane hold the row (the peers' way for long rows: x and r are read once),
+// else recomputed in the second sweep. Each lane meets its elements in the same order either
+// way, so the bits are the same.
+template <int THREADS, int TOPOLOGY, int VEC, int CACHE, typename T>
+__device__ __forceinline__ void residual_rmsnorm_row(const T* __restrict__ xr, const T* __restrict__ rr,
+                                                     const T* __restrict__ w, T* __restrict__ yr, int cols,
+                                                     bool vec, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
-  static_assert(G::rows_per_thread == 1, "fused chains serve one row per thread");
-  const long long row = G::row();
-  if (row >= rows) return;
-  const T* xr = x + row * x_stride;
-  const T* rr = r + row * r_stride;
-  T* yr = y + row * cols;
-  const bool vec = rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, w, y);
-  const auto normalise = [&](auto& h) {
-    float ss = 0.0f;
-    h.each([&](int, float v) { ss += v * v; });
-    ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
-    const float scale = reciprocal_sqrt(ss / cols + eps);
-    h.store(w, (const T*)nullptr, yr, [&](int, float v, float wj, float) { return v * scale * wj; });
-  };
+  const int lane = G::lane();
+  constexpr int lanes = G::lanes;
   if constexpr (CACHE > 0) {
-    if ((VEC == 1 || vec) && cols <= G::lanes * VEC * CACHE) {
-      if (cols == G::lanes * VEC * CACHE) {
+    if ((VEC == 1 || vec) && cols <= lanes * VEC * CACHE) {
+      if (cols == lanes * VEC * CACHE) {
         RowCache<VEC, CACHE, T, true, true> h;
-        h.load_sum(xr, rr, cols, G::lane(), G::lanes);
-        normalise(h);
+        h.load_sum(xr, rr, cols, lane, lanes);
+        normalise_held<THREADS, TOPOLOGY>(h, w, yr, cols, eps);
       } else {
         RowCache<VEC, CACHE, T, false, true> h;
-        h.load_sum(xr, rr, cols, G::lane(), G::lanes);
-        normalise(h);
+        h.load_sum(xr, rr, cols, lane, lanes);
+        normalise_held<THREADS, TOPOLOGY>(h, w, yr, cols, eps);
       }
       return;
     }
   }
   float ss = 0.0f;
-  for_each_pair<VEC>(xr, rr, cols, G::lane(), G::lanes, vec, [&](float xj, float rj) {
+  for_each_pair<VEC>(xr, rr, cols, lane, lanes, vec, [&](float xj, float rj) {
     const float h = xj + rj;
     ss += h * h;
   });
   ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
   const float scale = reciprocal_sqrt(ss / cols + eps);
-  map_pair<VEC>(xr, rr, w, yr, cols, G::lane(), G::lanes, vec,
+  map_pair<VEC>(xr, rr, w, yr, cols, lane, lanes, vec,
                 [&](float xj, float rj, float wj) { return (xj + rj) * scale * wj; });
+}
+
+// A thread's R tiny rows of exactly COLS elements (THREAD_PER_8_ROWS): every row's h = x + r
+// loaded first, then each row normalised, so R rows' loads are in flight at once (one row
+// per thread waits for each in turn). Each row meets its elements in order, as with a thread
+// per row: the same bits.
+template <int COLS, int THREADS, int TOPOLOGY, typename T>
+__device__ __forceinline__ void residual_rmsnorm_tiny(const T* __restrict__ x, const T* __restrict__ r,
+                                                      const T* __restrict__ w, T* __restrict__ y, int rows,
+                                                      int x_stride, int r_stride, float eps) {
+  using G = RowGroup<THREADS, TOPOLOGY>;
+  constexpr int R = G::rows_per_thread;
+  RowCache<1, COLS, T, true, true> held[R];
+#pragma unroll
+  for (int u = 0; u < R; ++u)
+    if (G::row(u) < rows) held[u].load_sum(x + G::row(u) * x_stride, r + G::row(u) * r_stride, COLS, 0, 1);
+#pragma unroll
+  for (int u = 0; u < R; ++u)
+    if (G::row(u) < rows) normalise_held<THREADS, TOPOLOGY>(held[u], w, y + G::row(u) * COLS, COLS, eps);
+}
+
+// y = h / sqrt(mean(h^2) + eps) * w with h = x + r.
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const T* __restrict__ r,
+                                                 const T* __restrict__ w, T* __restrict__ y, int rows, int cols,
+                                                 int x_stride, int r_stride, float eps) {
+  using G = RowGroup<THREADS, TOPOLOGY>;
+  if constexpr (G::rows_per_thread == 1) {
+    const long long row = G::row();
+    if (row >= rows) return;   // whole row groups leave together: no barrier is skipped
+    const bool vec = rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, w, y);
+    residual_rmsnorm_row<THREADS, TOPOLOGY, VEC, CACHE>(x + row * x_stride, r + row * r_stride, w, y + row * cols,
+                                                        cols, vec, eps);
+  } else {
+    static_assert(G::lanes == 1, "several rows per thread: one lane per row");
+    static_assert(TINY_ROW == 4, "one case per tiny row length");
+    switch (cols) {
+      case 1: return residual_rmsnorm_tiny<1, THREADS, TOPOLOGY>(x, r, w, y, rows, x_stride, r_stride, eps);
+      case 2: return residual_rmsnorm_tiny<2, THREADS, TOPOLOGY>(x, r, w, y, rows, x_stride, r_stride, eps);
+      case 3: return residual_rmsnorm_tiny<3, THREADS, TOPOLOGY>(x, r, w, y, rows, x_stride, r_stride, eps);
+      case 4: return residual_rmsnorm_tiny<4, THREADS, TOPOLOGY>(x, r, w, y, rows, x_stride, r_stride, eps);
+    }
+    const bool vec = rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, w, y);
+    for (int u = 0; u < G::rows_per_thread; ++u) {
+      const long long row = G::row(u);
+      if (row < rows)
+        residual_rmsnorm_row<THREADS, TOPOLOGY, VEC, CACHE>(x + row * x_stride, r + row * r_stride, w,
+                                                              y + row * cols, cols, vec, eps);
+    }
+  }
 }
 
 }  // namespace aicg
