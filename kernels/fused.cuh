@@ -169,7 +169,10 @@ __device__ __forceinline__ void bias_gelu_residual(const T* __restrict__ x, cons
   }
 }
 
-// y = h / sqrt(mean(h^2) + eps) * w for a held h (RowCache::load_sum), the row's lanes together.
+// y = h / sqrt(mean(h^2) + eps) * w with h = x + r: held in registers as floats when CACHE
+// packs per lane hold the row (the peers' way for long rows: x and r are read once), else
+// recomputed in the second sweep. Each lane meets its elements in the same order either way,
+// so the bits are the same.
 template <int THREADS, int TOPOLOGY, typename T, typename Held>
 __device__ __forceinline__ void normalise_held(Held& h, const T* __restrict__ w, T* __restrict__ y, int cols,
                                                float eps) {
@@ -180,39 +183,34 @@ __device__ __forceinline__ void normalise_held(Held& h, const T* __restrict__ w,
   h.store(w, (const T*)nullptr, y, [&](int, float v, float wj, float) { return v * scale * wj; });
 }
 
-// One row of residual_rmsnorm by its row group's lanes: h = x + r held in registers as floats
-// when CACHE packs per lane hold the row (the peers' way for long rows: x and r are read once),
-// else recomputed in the second sweep. Each lane meets its elements in the same order either
-// way, so the bits are the same.
 template <int THREADS, int TOPOLOGY, int VEC, int CACHE, typename T>
 __device__ __forceinline__ void residual_rmsnorm_row(const T* __restrict__ xr, const T* __restrict__ rr,
                                                      const T* __restrict__ w, T* __restrict__ yr, int cols,
                                                      bool vec, float eps) {
   using G = RowGroup<THREADS, TOPOLOGY>;
-  const int lane = G::lane();
-  constexpr int lanes = G::lanes;
+  const auto normalise = [&](auto& h) { normalise_held<THREADS, TOPOLOGY>(h, w, yr, cols, eps); };
   if constexpr (CACHE > 0) {
-    if ((VEC == 1 || vec) && cols <= lanes * VEC * CACHE) {
-      if (cols == lanes * VEC * CACHE) {
+    if ((VEC == 1 || vec) && cols <= G::lanes * VEC * CACHE) {
+      if (cols == G::lanes * VEC * CACHE) {
         RowCache<VEC, CACHE, T, true, true> h;
-        h.load_sum(xr, rr, cols, lane, lanes);
-        normalise_held<THREADS, TOPOLOGY>(h, w, yr, cols, eps);
+        h.load_sum(xr, rr, cols, G::lane(), G::lanes);
+        normalise(h);
       } else {
         RowCache<VEC, CACHE, T, false, true> h;
-        h.load_sum(xr, rr, cols, lane, lanes);
-        normalise_held<THREADS, TOPOLOGY>(h, w, yr, cols, eps);
+        h.load_sum(xr, rr, cols, G::lane(), G::lanes);
+        normalise(h);
       }
       return;
     }
   }
   float ss = 0.0f;
-  for_each_pair<VEC>(xr, rr, cols, lane, lanes, vec, [&](float xj, float rj) {
+  for_each_pair<VEC>(xr, rr, cols, G::lane(), G::lanes, vec, [&](float xj, float rj) {
     const float h = xj + rj;
     ss += h * h;
   });
   ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
   const float scale = reciprocal_sqrt(ss / cols + eps);
-  map_pair<VEC>(xr, rr, w, yr, cols, lane, lanes, vec,
+  map_pair<VEC>(xr, rr, w, yr, cols, G::lane(), G::lanes, vec,
                 [&](float xj, float rj, float wj) { return (xj + rj) * scale * wj; });
 }
 
@@ -244,9 +242,11 @@ __device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const 
   if constexpr (G::rows_per_thread == 1) {
     const long long row = G::row();
     if (row >= rows) return;   // whole row groups leave together: no barrier is skipped
+    const T* xr = x + row * x_stride;
+    const T* rr = r + row * r_stride;
+    T* yr = y + row * cols;
     const bool vec = rows_vectorisable<VEC>(cols, x_stride | r_stride, x, r, w, y);
-    residual_rmsnorm_row<THREADS, TOPOLOGY, VEC, CACHE>(x + row * x_stride, r + row * r_stride, w, y + row * cols,
-                                                        cols, vec, eps);
+    residual_rmsnorm_row<THREADS, TOPOLOGY, VEC, CACHE>(xr, rr, w, yr, cols, vec, eps);
   } else {
     static_assert(G::lanes == 1, "several rows per thread: one lane per row");
     static_assert(TINY_ROW == 4, "one case per tiny row length");
@@ -261,7 +261,7 @@ __device__ __forceinline__ void residual_rmsnorm(const T* __restrict__ x, const 
       const long long row = G::row(u);
       if (row < rows)
         residual_rmsnorm_row<THREADS, TOPOLOGY, VEC, CACHE>(x + row * x_stride, r + row * r_stride, w,
-                                                              y + row * cols, cols, vec, eps);
+                                                            y + row * cols, cols, vec, eps);
     }
   }
 }
