@@ -3,12 +3,13 @@ instance's own snapshot, NVRTC, and its cache. No GPU needed: validation is
 a function handed in (the runtime passes the device check)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import types
 
 import pytest
 
-from aicg import nvrtc, plan
+from aicg import nvrtc, plan, planning
 from aicg.runtime import jit as jit_mod
 from aicg.runtime.instance import Instance
 
@@ -161,6 +162,32 @@ def test_the_device_decides_among_the_first_usable_candidates_and_the_choice_is_
     later = fresh_jit(instance_dir, tmp_path)      # another process: the kept choice, no timing
     again = later.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing, timer=third_fastest)
     assert again.candidate == made.candidate and len(timed_calls) == 1
+
+
+def test_a_spill_the_lab_measured_is_run_and_one_the_model_alone_ranks_is_passed_over(instance_dir, tmp_path,
+                                                                                     monkeypatch):
+    """The lab timed the cubin the JIT compiles, so a measured candidate's prediction holds its spill's
+    cost; a spilling candidate ranked by the model alone could run untimed, and is passed over."""
+    compile_cubin = nvrtc.compile_cubin
+
+    def spilling(*args, **kwargs):
+        cubin, resources, log = compile_cubin(*args, **kwargs)
+        return cubin, {**resources, "reported": True, "spill_store_bytes": 8, "spill_load_bytes": 8}, log
+    monkeypatch.setattr(jit_mod.nvrtc, "compile_cubin", spilling)
+    shape_class = (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1])
+
+    jit = fresh_jit(instance_dir, tmp_path / "measured")
+    ranked = jit.planning().best_for_shape("softmax", "float32", shape_class)
+    assert not ranked[0].modelled and ranked[0].id not in jit.packaged
+    made = jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing)
+    assert made.candidate == ranked[0].id and made.origin == "compiled"
+    assert [e["spilled"] for e in jit.events if e.get("compiled")] == [True]
+
+    modelled = [dataclasses.replace(c, prior=plan.DATASHEET) for c in ranked]
+    monkeypatch.setattr(planning.Planning, "best_for_shape", lambda self, *args: modelled)
+    jit = fresh_jit(instance_dir, tmp_path / "modelled")
+    with pytest.raises(jit_mod.JitError, match="every legal candidate was rejected"):
+        jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing)
 
 
 def test_without_the_target_gpu_the_prior_order_stands(instance_dir, tmp_path):

@@ -10,7 +10,9 @@ takes those that
 - the instance already carries (a packaged cubin: nothing to compile), or
 - are in the instance's JIT cache (jit/<compile key>.cubin, its digest
   checked on every read; a damaged entry is compiled again), or
-- NVRTC compiles without spilling, with the build's source and options.
+- NVRTC compiles with the build's source and options; one that spills is
+  passed over where the lab has not measured it (the lab times the same cubin,
+  so a measured candidate's prediction holds what its spill costs).
 
 A kernel it compiled is validated on the device against float64 before its
 first launch (the build's checks); the outcome is kept beside the cubin, per
@@ -69,11 +71,19 @@ class JitKernel:
 
 
 def _spills(resources: dict) -> bool | None:
-    """The JIT passes over a kernel that spills: unlike the build, it does not time what the spill costs.
-    None: NVRTC gave no report (aicg/nvrtc.py), and the kernel is tried."""
+    """None: NVRTC gave no report (aicg/nvrtc.py), and the kernel is tried."""
     if not resources.get("reported", True):
         return None
     return bool(resources["spill_store_bytes"] + resources["spill_load_bytes"])
+
+
+def _spill_unseen(cand, resources: dict) -> bool:
+    """Whether nothing has measured what the candidate's spill costs. The lab measured the cubin the
+    JIT compiles (same source and options), so a measured candidate's prediction includes its spill;
+    one the model alone ranks could be chosen without timing. (Passing over every spill left the
+    H200's one-element rows to slower kernels: layernorm bfloat16 4194304x1 36.5 us, its lab-best
+    thread_rows8 candidates spilling 4-16 bytes.)"""
+    return bool(_spills(resources)) and cand.modelled
 
 
 def rows_class(rows: int) -> int:
@@ -158,17 +168,16 @@ class Jit:
         return self.cache_dir / f"choice-{key}.json"
 
     def _usable(self, cand, planned, op, dtype, rows, cols, validate) -> JitKernel | None:
-        """The candidate as a kernel to run, or None where it spills or failed validation on this GPU."""
+        """The candidate as a kernel to run, or None where it spills unmeasured or failed validation on this GPU."""
         if cand.id in self.packaged:
             entry = self.packaged[cand.id]
             cubin = (self.instance_dir / entry["cubin"]).read_bytes()
             if digest.of_bytes(cubin) != entry["cubin_digest"]:
                 raise JitError(f"{self.instance_dir / entry['cubin']}: digest does not match the manifest")
             return JitKernel(cand.id, cand.params, cubin, "packaged", "passed")
-        made = self._cached_or_compiled(cand, planned)
-        if made is None:
+        cubin, meta, origin = self._cached_or_compiled(cand, planned)
+        if _spill_unseen(cand, meta["resources"]):
             return None
-        cubin, meta, origin = made
         status = meta["validation"].get(planned.hardware.name)
         if status is None and validate is not None:
             began = time.perf_counter()
@@ -199,14 +208,14 @@ class Jit:
         return source, headers, arch, key
 
     def _cached_or_compiled(self, cand, planned):
-        """(cubin, metadata, origin), or None where the candidate spills registers."""
+        """(cubin, metadata, origin); the metadata holds ptxas's resource report."""
         source, headers, arch, key = self._compile_inputs(cand, planned)
         meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
         if meta_path.is_file() and cubin_path.is_file():
             meta = json.loads(meta_path.read_text())
             cubin = cubin_path.read_bytes()
             if digest.of_bytes(cubin) == meta.get("cubin_digest"):
-                return None if _spills(meta["resources"]) else (cubin, meta, "jit cache")
+                return cubin, meta, "jit cache"
             log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
         began = time.perf_counter()
         cubin, resources, _log = nvrtc.compile_cubin(source, f"src/{cand.id}.cu", headers, arch)
@@ -218,7 +227,7 @@ class Jit:
         self.events.append({"op": cand.op, "dtype": cand.dtype, "candidate": cand.id, "compiled": True,
                             "seconds": seconds, "spilled": _spills(resources)})
         log.info("aicg: compiled %s in %.2f s", cand.id, seconds)
-        return None if _spills(resources) else (cubin, meta, "compiled")
+        return cubin, meta, "compiled"
 
     def _write_meta(self, meta: dict) -> None:
         cas.write_atomic(self.cache_dir / f"{meta['key']}.json", (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
