@@ -65,6 +65,12 @@ RECORDED = [   # (run, summary line the table ends with)
     ("2026-12-02-h200-grid-10-bias-gelu-residual.json",
      "30 cases: 16 at >= 95% of the copy, 19 at >= 1.0x both torch.compile and Triton, 30 validated, "
      "26 at >= 0.9x the best peer"),
+    ("2026-12-02-h200-grid-11-one-element-rows-spills-passed-over.json",
+     "24 cases: 2 at >= 95% of the copy, 4 at >= 1.0x both torch.compile and Triton, 24 validated, "
+     "8 at >= 0.9x the best peer"),
+    ("2026-12-02-h200-grid-11-one-element-rows.json",
+     "21 cases: 2 at >= 95% of the copy, 4 at >= 1.0x both torch.compile and Triton, 21 validated, "
+     "12 at >= 0.9x the best peer"),
 ]
 
 
