@@ -17,6 +17,7 @@ class DType:
     ctype: str          # the element type in kernels/
     size: int           # bytes
     storage: type       # numpy dtype of the host bits
+    unit_roundoff: float   # 2^-p for p bits of significand: the relative error of one rounding to nearest
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):   # beyond the dtype's range is inf, as on the device
@@ -47,7 +48,8 @@ _DECODERS = {"float32": lambda a: a.astype(np.float32), "bfloat16": _from_bf16_b
              "float16": lambda a: np.asarray(a, dtype=np.uint16).view(np.float16).astype(np.float32)}
 
 DTYPES: dict[str, DType] = {
-    "float32": DType("float32", "float", 4, np.float32),
-    "bfloat16": DType("bfloat16", "aicg::bf16", 2, np.uint16),
-    "float16": DType("float16", "aicg::f16", 2, np.uint16),
+    "float32": DType("float32", "float", 4, np.float32, 2.0**-24),
+    "bfloat16": DType("bfloat16", "aicg::bf16", 2, np.uint16, 2.0**-8),
+    "float16": DType("float16", "aicg::f16", 2, np.uint16, 2.0**-11),
 }
+ACCUMULATOR = DTYPES["float32"]   # what every family computes in (kernels/aicg_types.cuh: to_float)

@@ -9,6 +9,10 @@ matrices of the same shape (a residual) beside it.
 (already rounded) inputs, and the magnitude errors are measured against,
 |y - ref| <= atol + rtol * scale. For sums the natural scale is sum|x| (the
 sum's condition), not |sum x|, which can be arbitrarily small.
+
+`reduction_gain` is how much of the row reduction's relative error (against
+sum|x| of what it sums) reaches the output, against that scale: the
+semantics/accuracy.py bound of a reduction order is multiplied by it.
 """
 from __future__ import annotations
 
@@ -32,6 +36,10 @@ class Operator:
     # operators with an exact or sequential legal family need one.
     emulate: Callable | None = None
     matrices: tuple[str, ...] = ()    # inputs shaped like x besides it, in argument order (after x)
+    # softmax divides by the sum, log-softmax subtracts its log (an absolute error, hence the scale's
+    # 1): the sum's relative error, whole. A norm's sqrt halves it; layernorm's mean error comes
+    # whole beside half its variance's.
+    reduction_gain: float = 1.0
 
     def kernel_params(self, ctype: str) -> list[str]:
         """C++ parameter list of the generated kernel, in launch order."""
@@ -130,10 +138,10 @@ OPERATORS: dict[str, Operator] = {
     "log_softmax": Operator("log_softmax", (), "matrix", (), _log_softmax),
     "row_sum": Operator("row_sum", (), "rows", (), _row_sum, _row_sum_sequential),
     "row_max": Operator("row_max", (), "rows", (), _row_max, _row_max_exact),
-    "rmsnorm": Operator("rmsnorm", ("w",), "matrix", (("eps", EPS),), _rmsnorm),
-    "layernorm": Operator("layernorm", ("w", "b"), "matrix", (("eps", EPS),), _layernorm),
+    "rmsnorm": Operator("rmsnorm", ("w",), "matrix", (("eps", EPS),), _rmsnorm, reduction_gain=0.5),
+    "layernorm": Operator("layernorm", ("w", "b"), "matrix", (("eps", EPS),), _layernorm, reduction_gain=1.5),
     "bias_gelu_residual": Operator("bias_gelu_residual", ("b",), "matrix", (), _bias_gelu_residual,
                                    matrices=("r",)),
     "residual_rmsnorm": Operator("residual_rmsnorm", ("w",), "matrix", (("eps", EPS),), _residual_rmsnorm,
-                                 matrices=("r",)),
+                                 matrices=("r",), reduction_gain=0.5),
 }

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from . import codegen, plan_inputs
 from .dtypes import DTYPES
 from .ops import OPERATORS
+from .semantics import accuracy
 from .semantics.legality import Legality, decide_all
 from .semantics.ruleset import Family
 
@@ -56,6 +57,7 @@ class Candidate:
     rules: tuple[str, ...]
     predicted_seconds: tuple[float, ...]   # one per workload shape
     prior: str = DATASHEET                 # what predicted them
+    longest_row: int | None = None         # the longest row its order keeps rtol on (None: any)
 
     @property
     def modelled(self) -> bool:
@@ -71,12 +73,13 @@ class Candidate:
     def as_record(self) -> dict:
         return {"id": self.id, "op": self.op, "family": self.family, "dtype": self.dtype,
                 "params": self.params, "rules": list(self.rules),
-                "predicted_seconds": list(self.predicted_seconds), "prior": self.prior}
+                "predicted_seconds": list(self.predicted_seconds), "prior": self.prior,
+                "longest_row": self.longest_row}
 
     @classmethod
     def from_record(cls, r: dict) -> "Candidate":
         return cls(r["id"], r["op"], r["family"], r["dtype"], dict(r["params"]), tuple(r["rules"]),
-                   tuple(r["predicted_seconds"]), r.get("prior", DATASHEET))
+                   tuple(r["predicted_seconds"]), r.get("prior", DATASHEET), r.get("longest_row"))
 
 
 def candidate_id(family: str, dtype: str, p: dict) -> str:
@@ -257,16 +260,18 @@ def _best_spread(pool: list[Candidate], count: int, structure_of) -> list[Candid
 
 
 def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dtypes, shapes, hw: dict,
-            per_family: int, measured=None, bounds: dict | None = None, rejected: list | None = None) -> list[Candidate]:
+            per_family: int, measured=None, bounds: dict | None = None, rejected: list | None = None,
+            ruleset=None) -> list[Candidate]:
     """The candidates to build for `op`, best predicted first within each (family, dtype).
     `measured` (a realisation.MeasuredPrior) predicts what it measured; the datasheet model the rest.
-    With `bounds` (dtype -> rtol), a realisation whose measured drift exceeds the bound at the
-    workload's row lengths is dropped, and a rule whose every realisation was dropped is
-    reported in `rejected` with the measurement."""
+    With `bounds` (dtype -> rtol), a realisation is dropped whose measured drift exceeds the bound
+    at the workload's row lengths, or (given the `ruleset`) whose order keeps it only on shorter
+    rows (semantics/accuracy.py); a rule whose every realisation was dropped is reported in
+    `rejected` with the measurement or the bound."""
     chosen: list[Candidate] = []
     max_cols = max(cols for _, cols in shapes)
     structure_of = functools.partial(structure, cols=max_cols, hw=hw)   # the longest rows: where residency bites
-    drifted: dict[tuple[str, str], list] = {}   # (dtype, rule) -> [(drift, cols, family)] of dropped realisations
+    dropped: dict[tuple[str, str], list] = {}   # (dtype, rule) -> [what dropped a realisation using it]
     kept: dict[str, set] = {}                   # dtype -> rules some kept candidate uses
     for family in families:
         for dtype_name in dtypes:
@@ -284,13 +289,17 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 # a staged row gives the bits of its unstaged twin, so the twin's measured drift is its own
                 same_bits = dict(p, topology=codegen.UNSTAGED.get(p["topology"], p["topology"]))
                 drift = measured.drift(candidate_id(family.name, dtype_name, same_bits), max_cols) if measured else None
-                if bound > 0 and drift is not None and drift[0] > bound:
+                longest = accuracy.longest_row(ruleset, op, dtype_name, p, bound) if ruleset else None
+                why = (_drifted(drift, family.name, dtype_name, bound, measured) if bound > 0 and drift and drift[0] > bound
+                       else _too_long(longest, max_cols, family.name, dtype_name, bound, ruleset)
+                       if longest is not None and longest < max_cols else None)
+                if why:
                     for rule in rules:
-                        drifted.setdefault((dtype_name, rule), []).append((*drift, family.name, bound))
+                        dropped.setdefault((dtype_name, rule), []).append(why)
                     continue
                 times, prior = _predict(family, dtype_name, p, shapes, hw, measured)
                 pool.append(Candidate(candidate_id(family.name, dtype_name, p), op, family.name,
-                                      dtype_name, p, rules, times, prior))
+                                      dtype_name, p, rules, times, prior, longest))
             kept.setdefault(dtype_name, set()).update(r for c in pool for r in c.rules)
             calibrated = [c for c in pool if not c.modelled]
             if measured is not None and calibrated:
@@ -303,12 +312,25 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                                            min(per_family, UNMEASURED_PER_FAMILY), structure_of))
             else:
                 chosen.extend(_best_spread(pool, per_family, structure_of))
-    for (dtype_name, rule), drifts in sorted(drifted.items()):
+    for (dtype_name, rule), whys in sorted(dropped.items()):
         if rejected is not None and rule not in kept.get(dtype_name, set()):
-            least, cols, family, bound = min(drifts)
-            rejected.append({"rule": rule, "family": family, "dtype": dtype_name, "drift": least, "cols": cols,
-                             "bound": bound, "source": measured.profile.source()})
+            rejected.append({"rule": rule, **min(whys, key=_closest)})
     return chosen
+
+
+def _drifted(drift: tuple, family: str, dtype: str, bound: float, measured) -> dict:
+    return {"by": "measured drift", "family": family, "dtype": dtype, "drift": drift[0], "cols": drift[1],
+            "bound": bound, "source": measured.profile.source()}
+
+
+def _too_long(longest: int, cols: int, family: str, dtype: str, bound: float, ruleset) -> dict:
+    return {"by": "rounding bound", "family": family, "dtype": dtype, "longest_row": longest, "cols": cols,
+            "bound": bound, "source": ruleset.rounding.ref}
+
+
+def _closest(why: dict) -> tuple:
+    """What came nearest to keeping a realisation: the least drift, else the longest row kept."""
+    return (why["by"] != "measured drift", why.get("drift", 0.0), -why.get("longest_row", 0), why["family"])
 
 
 def _predict(family: Family, dtype_name: str, p: dict, shapes, hw: dict, measured) -> tuple[tuple, str]:
@@ -326,12 +348,12 @@ def _predict(family: Family, dtype_name: str, p: dict, shapes, hw: dict, measure
 def plan_workload(ruleset, prof, hw: dict, per_family: int | None = None, measured=None,
                   rejected: dict | None = None) -> dict:
     """op -> ({dtype: Legality}, [Candidate]) for every operator of a profile's workload;
-    `rejected` (if given) gets op -> the rules measured drift rejected."""
+    `rejected` (if given) gets op -> the rules measured drift or the rounding bound rejected."""
     planned = {}
     bounds = {dtype: rtol for dtype, (rtol, _atol) in prof.preservation.tolerance.items()}
     for op, work in prof.workload.items():
         decided = decide_all(op, work.dtypes, ruleset, prof.preservation, prof.choice)
         found = [] if rejected is None else rejected.setdefault(op, [])
         planned[op] = (decided, plan_op(op, decided, ruleset.families_of(op), work.dtypes, work.shapes, hw,
-                                        per_family or prof.candidates_per_family, measured, bounds, found))
+                                        per_family or prof.candidates_per_family, measured, bounds, found, ruleset))
     return planned

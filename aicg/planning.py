@@ -32,7 +32,8 @@ class Planning:
         decided = legality.decide_all(op, (dtype,), self.rules, self.prof.preservation, self.prof.choice)
         bounds = {dtype: self.prof.preservation.tolerance[dtype][0]}
         found = plan.plan_op(op, decided, self.rules.families_of(op), (dtype,), (tuple(shape),), self.hw_facts,
-                             per_family=per_family, measured=self.measured, bounds=bounds, rejected=[])
+                             per_family=per_family, measured=self.measured, bounds=bounds, rejected=[],
+                             ruleset=self.rules)
         return sorted(found, key=lambda c: (c.predicted_seconds[0], c.id))
 
 

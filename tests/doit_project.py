@@ -28,9 +28,10 @@ def profile_text(ops=("softmax", "row_sum"), dtypes=("float32",), shapes=((64, 1
 
 
 SMALL_PROFILE = profile_text()
-# What a first build of SMALL_PROFILE compiles: softmax (two families) and row sum (tree and
-# sequential), two candidates each, ranked by the lab's measurements.
-SMALL_PROFILE_COMPILATIONS = 8
+# What a first build of SMALL_PROFILE compiles: softmax (two families) and row sum (the tree;
+# the sequential family's order keeps float32's rtol only on rows of at most 660 elements, not
+# the workload's 1000), two candidates each, ranked by the lab's measurements.
+SMALL_PROFILE_COMPILATIONS = 6
 
 
 def make_project(root: Path, profile: str = SMALL_PROFILE) -> Path:

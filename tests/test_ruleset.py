@@ -91,6 +91,9 @@ BAD = [
      "presets.bitwise.speed", "a known key"),
     ("preservation.toml", "tolerance.bfloat16 = { rtol = 0.0, atol = 0.0 }", "tolerance.bfloat16 = { rtol = 0.0 }",
      "presets.bitwise.tolerance.bfloat16.atol", "a number (the key is missing)"),
+    ("preservation.toml", "failure_probability = 1e-6", "failure_probability = 1.5",
+     "rounding.failure_probability", "a probability strictly between 0 and 1"),
+    ("preservation.toml", "failure_probability = 1e-6", "", "rounding.failure_probability", "the key is missing"),
 ]
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from .. import codegen, digest
 from ..dtypes import DTYPES
 from ..ops import OPERATORS
+from ..semantics import accuracy
 from . import arrays, driver
 from .jit import Jit, JitError
 
@@ -44,10 +45,16 @@ class InstanceError(RuntimeError):
 
 def nearest_variant(entry: dict, rows: int, cols: int) -> dict:
     """The kernel measured fastest on the workload shape nearest this one: row length first
-    (it decides how a row is split), then row count; the operator's kernel without a table."""
-    table = entry.get("dispatch") or []
+    (it decides how a row is split), then row count; the operator's kernel without a table. Only
+    kernels whose order keeps the profile's bound on rows of `cols` are considered."""
+    table = [v for v in entry.get("dispatch") or [entry] if v.get("longest_row") is None or cols <= v["longest_row"]]
     if not table:
-        return entry
+        longest = max(v["longest_row"] for v in entry.get("dispatch") or [entry])
+        raise InstanceError(f"no packaged {entry.get('op', '')} {entry.get('dtype', '')} kernel keeps the profile's bound "
+                            f"on rows of {cols} elements (their orders keep it on rows of at most {longest}); the JIT "
+                            f"plans kernels for such rows (aicg.load(..., jit=True), an instance with its source/)")
+    if len(table) == 1 and "cols" not in table[0]:
+        return table[0]
     return min(table, key=lambda v: (abs(math.log(cols / v["cols"])) + 0.25 * abs(math.log(rows / v["rows"])),
                                      v["cols"], v["rows"]))
 
@@ -127,7 +134,9 @@ class OpKernels:
         planned = self.instance.jit.planning()
 
         def run(cubin: bytes, params: dict, shape) -> dict:
-            settings = validate.settings(planned.prof, dtype, (), (shape,))
+            longest = accuracy.longest_row(planned.rules, self.op.name, dtype, params,
+                                           planned.prof.preservation.tolerance[dtype][0])
+            settings = validate.settings(planned.prof, dtype, (), (shape,), longest_row=longest)
             report = validate.validate_on_device(cubin, planned.hardware, self.op.name, dtype, params, **settings)
             return {"status": report["status"], "reason": validate.why_failed(report)}
         return run

@@ -49,6 +49,9 @@ def explain(legalities: dict[str, Legality], ruleset, pres: Preservation, chosen
         if entry:
             time = f", {entry['measured_seconds'] * 1e6:.1f} us" if entry.get("measured_seconds") else ""
             lines.append(f"  chosen in the built instance: {entry['candidate']} ({entry['validation']}{time}; {entry['basis']})")
+            if entry.get("longest_row") is not None:
+                lines.append(f"    its order keeps rtol {rtol:g} on rows of at most {entry['longest_row']} elements "
+                             f"(rounding bound, {ruleset.rounding.ref}); longer rows go to the JIT")
             if entry.get("predicted_seconds"):
                 lines.append(f"    ranked by the {entry.get('prior') or 'datasheet model'}: predicted "
                              f"{entry['predicted_seconds'] * 1e6:.1f} us (geometric mean over the workload's shapes)")

@@ -78,6 +78,16 @@ class Preset:
 
 
 @dataclass(frozen=True)
+class Rounding:
+    """How surely a row keeps a bound its reduction order decides (semantics/accuracy.py)."""
+    failure_probability: float
+    ref: str
+
+    def as_record(self) -> dict:
+        return {"failure_probability": self.failure_probability, "ref": self.ref}
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     summary: str
@@ -135,6 +145,7 @@ class RuleSet:
     presets: dict[str, Preset]
     rules: dict[str, Rule]
     families: dict[str, Family]
+    rounding: Rounding
 
     def families_of(self, op: str) -> list[Family]:
         return [f for f in self.families.values() if f.op == op]
@@ -181,8 +192,14 @@ def _load_preservation(path: Path):
         presets[name] = Preset(name, t.get("doc", str), read_axes(t, axes, required=True),
                                read_tolerance(t, required=True))
         t.done()
+    bound = doc.table("rounding")
+    failure = bound.get("failure_probability", float)
+    if not 0 < failure < 1:
+        raise bound.error("failure_probability", "a probability strictly between 0 and 1", failure)
+    rounding = Rounding(failure, bound.get("ref", str))
+    bound.done()
     doc.done()
-    return axes, presets
+    return axes, presets, rounding
 
 
 def read_axes(table: tomlfile.Table, axes: dict[str, Axis], required: bool) -> dict[str, object]:
@@ -329,8 +346,8 @@ FILES = ("atlas.toml", "preservation.toml", "rules.toml", "families.toml")   # w
 def load(rules_dir: Path) -> RuleSet:
     rules_dir = Path(rules_dir)
     reductions, functions, ops = _load_atlas(rules_dir / "atlas.toml")
-    axes, presets = _load_preservation(rules_dir / "preservation.toml")
+    axes, presets, rounding = _load_preservation(rules_dir / "preservation.toml")
     rules = _load_rules(rules_dir / "rules.toml", axes)
     families = _load_families(rules_dir / "families.toml", ops, rules)
     _check_families(rules_dir / "families.toml", families, rules, ops, reductions, functions)
-    return RuleSet(reductions, functions, ops, axes, presets, rules, families)
+    return RuleSet(reductions, functions, ops, axes, presets, rules, families, rounding)

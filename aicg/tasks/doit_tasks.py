@@ -110,14 +110,22 @@ def _explain(instance: graph.Instance):
         chosen = {d: kernels.get(f"{name}.{d}") for d in dtypes}
         trajectories = {d: synthesis.get(f"{name}.{d}") for d in dtypes}
         print(explain.explain(decided, rules, prof.preservation, chosen, trajectories), end="")
-        for r in instance.drift_rejected.get(name, []):
-            if not dtypes or r["dtype"] in dtypes:
-                print(f"  rejected by measured drift: {r['rule']} in {r['family']} ({r['dtype']}): every realisation "
-                      f"drifts beyond rtol {r['bound']:g}; the least, {r['drift']:.3g} at row length {r['cols']} "
-                      f"({r['source']})")
+        for r in instance.rejected.get(name, []):
+            if r["dtype"] in dtypes:
+                print("  " + _rejection_text(r))
         families = ", ".join(f.name for f in rules.families_of(name))
         print(f"  plan inputs of {instance.hardware.target} (read by the prior of {families}):")
         print("\n".join(plan_inputs.describe(instance.plan_inputs)) + "\n")
+
+
+def _rejection_text(r: dict) -> str:
+    if r["by"] == "measured drift":
+        return (f"rejected by measured drift: {r['rule']} in {r['family']} ({r['dtype']}): every realisation "
+                f"drifts beyond rtol {r['bound']:g}; the least, {r['drift']:.3g} at row length {r['cols']} "
+                f"({r['source']})")
+    return (f"rejected by its rounding bound: {r['rule']} in {r['family']} ({r['dtype']}): every realisation's order "
+            f"keeps rtol {r['bound']:g} only on rows of at most {r['longest_row']} elements, and the workload has "
+            f"rows of {r['cols']} ({r['source']})")
 
 
 def _explore(instance: graph.Instance):

@@ -60,7 +60,7 @@ class Instance:
     steps: list[Step]
     env: Env
     plan_inputs: dict   # name -> plan_inputs.PlanInput: what the plans read, and where it came from
-    drift_rejected: dict  # op -> rules rejected by measured drift, with the measurement
+    rejected: dict  # op -> rules rejected by measured drift or the rounding bound, with the reason
 
     @property
     def name(self) -> str:
@@ -101,18 +101,20 @@ def _legality_step(op: str, rules, prof, decided: dict) -> Step:
                 ("semantics/legality.py", "semantics/ruleset.py", "tasks/graph.py"), targets=(out,))
 
 
-def _plan_step(op: str, rules, work, inputs, prof, candidates, realised, drift_rejected) -> Step:
+def _plan_step(op: str, rules, work, inputs, prof, candidates, realised, rejected) -> Step:
     reads = {"hw": {name: inputs[name].as_record() for name in plan.PLAN_INPUTS},
              "realisation_profile": realised.digest if realised else None,
              "tolerance": {d: list(prof.preservation.tolerance[d]) for d in work.dtypes}, "families": {f.name: f.as_record() for f in rules.families_of(op)},
              "dtypes": list(work.dtypes), "shapes": [list(s) for s in work.shapes],
-             "candidates_per_family": prof.candidates_per_family}
+             "candidates_per_family": prof.candidates_per_family, "rounding": rules.rounding.as_record(),
+             "reductions": rules.ops[op].as_record(rules)["reductions"]}
     out = f"plan/{op}.json"
     record = {"op": op, "shapes": [list(s) for s in work.shapes], "candidates": [c.as_record() for c in candidates],
-              "rejected_by_measured_drift": drift_rejected}
+              "rejected": rejected}
     return Step(f"plan:{op}", f"enumerate and rank the legal candidates of {op}", reads,
                 lambda ctx: Result({out: to_json(record)}),
-                ("plan.py", "plan_inputs.py", "primitives/realisation.py", "dtypes.py", "ops.py", "tasks/graph.py"), upstream=(f"legality:{op}",), targets=(out,))
+                ("plan.py", "plan_inputs.py", "primitives/realisation.py", "dtypes.py", "ops.py", "semantics/accuracy.py",
+                 "tasks/graph.py"), upstream=(f"legality:{op}",), targets=(out,))
 
 
 def _codegen_step(cand: plan.Candidate, family) -> Step:
@@ -148,16 +150,17 @@ def _compile_step(cand: plan.Candidate, family, arch: str, layout: Layout) -> St
 VALIDATE_CODE = ("validate/__init__.py", "validate/check.py", "runtime/driver.py", "ops.py", "dtypes.py", "codegen.py")
 
 
-def _validation(prof, hardware: hw.Hardware, op: str, dtype: str, timed_shapes):
-    """(what a validation reads, a function cubin, params -> outcome) for one operator and dtype."""
-    settings = validate.settings(prof, dtype, timed_shapes)
+def _validation(prof, hardware: hw.Hardware, op: str, dtype: str, timed_shapes, longest_row: int | None = None):
+    """(what a validation reads, a function cubin, params -> outcome) for one operator and dtype,
+    on rows of at most `longest_row` (None: every check shape)."""
+    settings = validate.settings(prof, dtype, timed_shapes, longest_row=longest_row)
     reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(),
              "peak_bytes_per_second": hardware.fact("dram_bandwidth"), "op": op, "dtype": dtype, **settings}
     return reads, lambda cubin, params: validate.validate_on_device(cubin, hardware, op, dtype, params, **settings)
 
 
 def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shapes) -> Step:
-    reads, check = _validation(prof, hardware, cand.op, cand.dtype, timed_shapes)
+    reads, check = _validation(prof, hardware, cand.op, cand.dtype, timed_shapes, cand.longest_row)
     cubin, out = f"cubin/{cand.id}.cubin", f"validation/{cand.id}.json"
 
     def run(ctx) -> Result:
@@ -244,12 +247,12 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
     env = Env(Path(build_dir) / prof.name, LayeredStore(store_config))
 
     steps = [_hw_step(hardware)]
-    drift_rejected: dict = {}
-    planned = plan.plan_workload(rules, prof, hw_facts, measured=measured, rejected=drift_rejected)
+    rejected: dict = {}
+    planned = plan.plan_workload(rules, prof, hw_facts, measured=measured, rejected=rejected)
     for op, work in prof.workload.items():
         decided, candidates = planned[op]
         steps += [_legality_step(op, rules, prof, decided), _plan_step(op, rules, work, inputs, prof, candidates, realised,
-                                                                         drift_rejected[op])]
+                                                                         rejected[op])]
         for cand in candidates:
             family = rules.families[cand.family]
             steps += [_codegen_step(cand, family), _compile_step(cand, family, hardware.arch, layout),
@@ -260,4 +263,4 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
                     steps += _synthesis_steps(op, dtype, rules, prof, hardware, layout, work, hw_facts, decided)
         steps.append(_select_step(op, work, candidates, prof))
     steps.append(packaging.package_step(prof, hardware, planned, rules, planning_snapshot(layout, profile_path, prof)))
-    return Instance(rules, layout, prof, hardware, steps, env, inputs, drift_rejected)
+    return Instance(rules, layout, prof, hardware, steps, env, inputs, rejected)

@@ -92,13 +92,14 @@ def _chosen_kernel(ctx, prof, ruleset, op: str, dtype: str, pick: dict, by_id: d
                               prof.choice).as_record()["facts"] for r in proposal["declares"]}
         return cubin, {"candidate": pick["chosen"], "family": row["family"], "params": proposal["params"],
                        "rules": proposal["declares"], "resources": row["resources"],
+                       "longest_row": None,   # synthesis validates a proposal on every check shape
                        "why": {"family": [{"text": f"proposed by {proposal['proposer']} in round {trajectory[-1]['round']}, "
                                                    f"checked, compiled and validated like any candidate"}], "rules": why}}
     cand = by_id[pick["chosen"]]
     report = json.loads(ctx.upstream(f"compile:{cand.id}", f"cubin/{cand.id}.json"))
     return ctx.upstream(f"compile:{cand.id}", f"cubin/{cand.id}.cubin"), {
         "candidate": cand.id, "family": cand.family, "params": cand.params, "rules": list(cand.rules),
-        "resources": report["resources"],
+        "resources": report["resources"], "longest_row": cand.longest_row,
         "why": {"family": legality.families[cand.family].as_record()["facts"],
                 "rules": {r: legality.rules[r].as_record()["facts"] for r in cand.rules}}}
 
@@ -158,7 +159,8 @@ def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, byt
                         params = by_id[cand_id].params
                         outputs[variant_path] = variant_cubin
                     dispatch.append({**choice, "params": params, "cubin": variant_path,
-                                     "cubin_digest": digest.of_bytes(variant_cubin)})
+                                     "cubin_digest": digest.of_bytes(variant_cubin),
+                                     "longest_row": by_id[cand_id].longest_row if cand_id in by_id else None})
                 kernels[name] = {
                     "op": op, "dtype": dtype, **fields, "cubin": path, "cubin_digest": digest.of_bytes(cubin),
                     "dispatch": dispatch,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..hw import Hardware
 from ..runtime import driver
+from ..semantics import accuracy
 
 
 # Sizes off every block and vector width, and many rows of a short length
@@ -18,13 +19,15 @@ AWKWARD_SHAPES = ((3, 1), (2051, 3), (5, 7), (37, 1000), (9, 4097), (3001, 33),
                   (37, 1000, 1024), (9, 4096, 4099), (1027, 2, 5))
 
 
-def settings(prof, dtype: str, timed_shapes, checked_shapes=()) -> dict:
+def settings(prof, dtype: str, timed_shapes, checked_shapes=(), longest_row: int | None = None) -> dict:
     """How a profile asks `dtype` kernels to be checked: its preservation, trials and timing, on the
-    awkward shapes, the timed shapes and `checked_shapes`."""
+    awkward shapes, the timed shapes and `checked_shapes`, their rows cut to `longest_row` (the
+    longest a kernel's order keeps the bound on: it is never run on longer ones)."""
+    shapes = AWKWARD_SHAPES + tuple(timed_shapes) + tuple(checked_shapes)
     return {"tolerance": prof.preservation.tolerance[dtype],
             "deterministic": prof.preservation.axes["deterministic"],
             "bitwise": prof.preservation.axes["order"] == "reference",
-            "check_shapes": AWKWARD_SHAPES + tuple(timed_shapes) + tuple(checked_shapes),
+            "check_shapes": accuracy.clip_shapes(shapes, longest_row),
             "timed_shapes": tuple(timed_shapes), "trials": prof.validation_trials,
             "repetitions": prof.timing_repetitions}
 
