@@ -55,9 +55,12 @@ class Candidate:
     dtype: str
     params: dict
     rules: tuple[str, ...]
-    predicted_seconds: tuple[float, ...]   # one per workload shape
+    predicted_seconds: tuple[float, ...]   # one per workload shape; infinite where it may not serve it
     prior: str = DATASHEET                 # what predicted them
     longest_row: int | None = None         # the longest row its order keeps rtol on (None: any)
+
+    def serves(self, shape) -> bool:
+        return self.longest_row is None or shape[1] <= self.longest_row
 
     @property
     def modelled(self) -> bool:
@@ -67,19 +70,21 @@ class Candidate:
 
     @property
     def score(self) -> float:
-        """Geometric mean of the predicted times: every shape counts alike."""
+        """Geometric mean of the predicted times: every shape counts alike (infinite where the
+        candidate serves only some of them)."""
         return math.exp(sum(math.log(t) for t in self.predicted_seconds) / len(self.predicted_seconds))
 
     def as_record(self) -> dict:
         return {"id": self.id, "op": self.op, "family": self.family, "dtype": self.dtype,
                 "params": self.params, "rules": list(self.rules),
-                "predicted_seconds": list(self.predicted_seconds), "prior": self.prior,
-                "longest_row": self.longest_row}
+                "predicted_seconds": [t if math.isfinite(t) else None for t in self.predicted_seconds],
+                "prior": self.prior, "longest_row": self.longest_row}
 
     @classmethod
     def from_record(cls, r: dict) -> "Candidate":
         return cls(r["id"], r["op"], r["family"], r["dtype"], dict(r["params"]), tuple(r["rules"]),
-                   tuple(r["predicted_seconds"]), r.get("prior", DATASHEET), r.get("longest_row"))
+                   tuple(math.inf if t is None else t for t in r["predicted_seconds"]), r.get("prior", DATASHEET),
+                   r.get("longest_row"))
 
 
 def candidate_id(family: str, dtype: str, p: dict) -> str:
@@ -264,10 +269,11 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
             ruleset=None) -> list[Candidate]:
     """The candidates to build for `op`, best predicted first within each (family, dtype).
     `measured` (a realisation.MeasuredPrior) predicts what it measured; the datasheet model the rest.
-    With `bounds` (dtype -> rtol), a realisation is dropped whose measured drift exceeds the bound
-    at the workload's row lengths, or (given the `ruleset`) whose order keeps it only on shorter
-    rows (semantics/accuracy.py); a rule whose every realisation was dropped is reported in
-    `rejected` with the measurement or the bound."""
+    With `bounds` (dtype -> rtol) and the `ruleset`, a realisation serves only the workload shapes
+    whose rows its order keeps the bound on (semantics/accuracy.py: its predicted time elsewhere is
+    infinite) and is dropped where it serves none, or where its measured drift exceeds the bound
+    at the longest row it serves; a rule whose every realisation was dropped is reported in
+    `rejected` with the bound or the measurement."""
     chosen: list[Candidate] = []
     max_cols = max(cols for _, cols in shapes)
     structure_of = functools.partial(structure, cols=max_cols, hw=hw)   # the longest rows: where residency bites
@@ -288,16 +294,20 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 rules = tuple(dict.fromkeys(family.rules + tuple(extra)))
                 # a staged row gives the bits of its unstaged twin, so the twin's measured drift is its own
                 same_bits = dict(p, topology=codegen.UNSTAGED.get(p["topology"], p["topology"]))
-                drift = measured.drift(candidate_id(family.name, dtype_name, same_bits), max_cols) if measured else None
                 longest = accuracy.longest_row(ruleset, op, dtype_name, p, bound) if ruleset else None
-                why = (_drifted(drift, family.name, dtype_name, bound, measured) if bound > 0 and drift and drift[0] > bound
-                       else _too_long(longest, max_cols, family.name, dtype_name, bound, ruleset)
-                       if longest is not None and longest < max_cols else None)
+                served = [s for s in shapes if longest is None or s[1] <= longest]
+                drift = (measured.drift(candidate_id(family.name, dtype_name, same_bits), max(c for _, c in served))
+                         if measured and served else None)
+                why = (_too_long(longest, min(c for _, c in shapes), family.name, dtype_name, bound, ruleset)
+                       if not served else _drifted(drift, family.name, dtype_name, bound, measured)
+                       if bound > 0 and drift and drift[0] > bound else None)
                 if why:
                     for rule in rules:
                         dropped.setdefault((dtype_name, rule), []).append(why)
                     continue
                 times, prior = _predict(family, dtype_name, p, shapes, hw, measured)
+                # a shape it may not serve: never its shape to lead, nor a time to rank it by
+                times = tuple(t if s in served else math.inf for t, s in zip(times, shapes))
                 pool.append(Candidate(candidate_id(family.name, dtype_name, p), op, family.name,
                                       dtype_name, p, rules, times, prior, longest))
             kept.setdefault(dtype_name, set()).update(r for c in pool for r in c.rules)

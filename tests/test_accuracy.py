@@ -2,6 +2,8 @@
 the planner, validation and the runtime keep to it."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -145,3 +147,33 @@ def test_the_runtime_runs_a_packaged_kernel_only_on_rows_its_order_keeps_the_bou
     only_tiny = {**entry, "dispatch": entry["dispatch"][:1]}
     with pytest.raises(InstanceError, match="on rows of 1000 elements .* at most 660"):
         nearest_variant(only_tiny, 65536, 1000)
+
+
+def test_a_realisation_serves_the_workload_shapes_its_order_keeps_the_bound_on(shipped_ruleset, h200_facts):
+    shapes = ((65536, 64), (4096, 4096))
+    pool, rejected = _plan(shipped_ruleset, "softmax", "float32", shapes, h200_facts, RTOL32)
+    threads = [c for c in pool if c.params["topology"] in ("thread", "thread_rows8")]
+    assert threads and not rejected
+    for c in threads:
+        assert c.serves(shapes[0]) and not c.serves(shapes[1])
+        assert c.predicted_seconds[1] == math.inf and math.isfinite(c.predicted_seconds[0])
+        assert c.as_record()["predicted_seconds"][1] is None and plan.Candidate.from_record(c.as_record()) == c
+
+
+def test_the_operator_kernel_is_one_timed_at_every_shape_and_a_partial_one_is_a_variant():
+    from aicg.tasks import package
+
+    def cand(name, longest):
+        return plan.Candidate(name, "softmax", "f", "float32", {}, (), (1e-5, 1e-5 if longest is None else math.inf),
+                              "lab", longest)
+
+    whole, tiny = cand("whole", None), cand("tiny", 660)
+    results = {"whole": {"status": "passed", "timings": [{"shape": [65536, 64], "median_seconds": 9e-6},
+                                                         {"shape": [4096, 4096], "median_seconds": 40e-6}]},
+               "tiny": {"status": "passed", "timings": [{"shape": [65536, 64], "median_seconds": 3e-6}]}}
+    reports = {name: {"resources": {}} for name in results}
+    picked = package.select("softmax", ("float32",), [whole, tiny], results, reports)["dtypes"]["float32"]
+    assert picked["chosen"] == "whole"     # tiny's geometric mean, over one short shape, is not comparable
+    assert {(s["cols"], s["candidate"]) for s in picked["by_shape"]} == {(64, "tiny"), (4096, "whole")}
+    unvalidated = {name: {"status": "unvalidated"} for name in results}
+    assert package.select("softmax", ("float32",), [tiny, whole], unvalidated, reports)["dtypes"]["float32"]["chosen"] == "whole"

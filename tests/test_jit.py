@@ -207,3 +207,28 @@ def test_a_candidate_the_lab_has_not_measured_is_timed_besides_the_measured_ones
     assert jit_mod.unmeasured_besides(ranked)
     alone = [cand("u1", model), cand("u2", model)]   # the datasheet prior ranks everything: its order stands
     assert jit_mod.timing_order(alone) == alone and not jit_mod.unmeasured_besides(alone)
+
+
+def test_the_device_check_of_a_jit_kernel_keeps_to_the_rows_its_order_keeps_the_bound_on(instance_dir, tmp_path,
+                                                                                         monkeypatch):
+    """A thread per row planned for rows of 8 is checked on the awkward shapes cut to its longest row
+    (float32 softmax: 660), not on rows of 4097 it will never serve."""
+    from aicg import validate
+    from aicg.semantics import accuracy
+    instance = Instance(instance_dir, allow_unvalidated=True)
+    seen = {}
+
+    def record(cubin, hardware, op, dtype, params, **settings):
+        seen.update(settings)
+        return {"status": "passed"}
+
+    monkeypatch.setattr(validate, "validate_on_device", record)
+    thread = next(c for c in instance.jit.planning().best_for_shape("softmax", "float32", (1 << 20, 8), per_family=50)
+                  if c.params["topology"] == "thread")
+    assert thread.longest_row == accuracy.longest_row(instance.jit.planning().rules, "softmax", "float32",
+                                                      thread.params, 1e-5) == 660
+    instance.softmax._validator("float32")(b"", thread.params, (256, 8))
+    assert max(s[1] for s in seen["check_shapes"]) == 660 and (256, 8) in seen["check_shapes"]
+    block = dict(thread.params, topology="block", threads=1024)
+    instance.softmax._validator("float32")(b"", block, (256, 8))
+    assert (9, 4097) in seen["check_shapes"]

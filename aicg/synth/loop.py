@@ -33,8 +33,10 @@ def _outcome(record: dict, outcome: str, feedback: str, **extra) -> dict:
 
 
 def run_round(k: int, trajectory: list, proposers, ruleset, prof, op: str, dtype: str, hardware,
-              kernels_dir, validate, predicted: dict[str, float]) -> tuple[list, bytes | None, bool]:
-    """(trajectory, cubin or None, cacheable) after round k; `validate(cubin, params)` judges a kernel."""
+              kernels_dir, validate, planned: dict[str, Candidate]) -> tuple[list, bytes | None, bool]:
+    """(trajectory, cubin or None, cacheable) after round k; `validate(cubin, params, longest_row)`
+    judges a kernel, on rows of at most the longest a planned candidate's order keeps the bound on
+    (every check shape for any other proposal)."""
     request = proposals.Request(op, dtype, k, tuple(legal_rules(ruleset, prof, op, dtype)), tuple(trajectory))
     notes, proposal = [], None
     for proposer in proposers:
@@ -65,7 +67,9 @@ def run_round(k: int, trajectory: list, proposers, ruleset, prof, op: str, dtype
     if spills or resources["registers"] > MAX_REGISTERS:
         return trajectory + [_outcome(record, "resources", f"{resources['registers']} registers, {spills} bytes spilled")], cubin, True
 
-    result = validate(cubin, proposal.params)
+    known = planned.get(proposal.candidate or "")
+    result = validate(cubin, proposal.params, known.longest_row if known else None)
+    record["longest_row"] = known.longest_row if known else None
     record["validation"] = {k2: result.get(k2) for k2 in ("status", "reason", "timings", "implausibly_fast")}
     if result["status"] == "unvalidated":
         return trajectory + [_outcome(record, "unvalidated", result.get("reason", ""))], cubin, False
@@ -77,7 +81,7 @@ def run_round(k: int, trajectory: list, proposers, ruleset, prof, op: str, dtype
             stats += f"; implausibly fast on {result['implausibly_fast']}"
         return trajectory + [_outcome(record, "invalid", "validation failed: " + stats)], cubin, True
     measured = sum(t["median_seconds"] for t in result["timings"]) / max(1, len(result["timings"]))
-    expected = predicted.get(proposal.candidate or "")
+    expected = known.score if known else None
     if expected and measured > SLOW_FACTOR * expected:
         return trajectory + [_outcome(record, "slow", f"{measured * 1e6:.1f} us against {expected * 1e6:.1f} us predicted",
                                       measured_seconds=measured)], cubin, True
@@ -93,7 +97,7 @@ def round_steps(op: str, dtype: str, prof, ruleset, hardware, layout, make_propo
                 pool: list[Candidate], code: tuple[str, ...], reads: dict) -> list[Step]:
     """The chain synth:<op>.<dtype>.0 .. .{rounds-1}; each round reads the one before."""
     steps = []
-    predicted = {c.id: c.score for c in pool}
+    planned = {c.id: c for c in pool}
     for k in range(prof.synthesis.rounds):
         name = f"synth:{op}.{dtype}.{k}"
         out, cubin_out = f"synth/{op}.{dtype}.{k}.json", f"synth/{op}.{dtype}.{k}.cubin"
@@ -112,7 +116,7 @@ def round_steps(op: str, dtype: str, prof, ruleset, hardware, layout, make_propo
                     outputs[cubin_out] = cubin
                 return Result(outputs, cache=trajectory[-1]["outcome"] != "unvalidated")
             trajectory, cubin, cacheable = run_round(k, trajectory, make_proposers(ctx.env), ruleset, prof,
-                                                     op, dtype, hardware, layout.kernels, validate, predicted)
+                                                     op, dtype, hardware, layout.kernels, validate, planned)
             outputs = {out: _to_json(trajectory)}
             if cubin is not None and trajectory[-1]["outcome"] == "accepted":
                 outputs[cubin_out] = cubin

@@ -151,12 +151,18 @@ VALIDATE_CODE = ("validate/__init__.py", "validate/check.py", "runtime/driver.py
 
 
 def _validation(prof, hardware: hw.Hardware, op: str, dtype: str, timed_shapes, longest_row: int | None = None):
-    """(what a validation reads, a function cubin, params -> outcome) for one operator and dtype,
-    on rows of at most `longest_row` (None: every check shape)."""
-    settings = validate.settings(prof, dtype, timed_shapes, longest_row=longest_row)
+    """(what a validation reads, a function cubin, params[, longest row] -> outcome) for one operator
+    and dtype: on rows of at most the longest row (None: every check shape), timed at the workload
+    shapes it serves."""
+    def settings_for(longest):
+        served = tuple(s for s in timed_shapes if longest is None or s[1] <= longest)
+        return validate.settings(prof, dtype, served, longest_row=longest)
+
     reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(),
-             "peak_bytes_per_second": hardware.fact("dram_bandwidth"), "op": op, "dtype": dtype, **settings}
-    return reads, lambda cubin, params: validate.validate_on_device(cubin, hardware, op, dtype, params, **settings)
+             "peak_bytes_per_second": hardware.fact("dram_bandwidth"), "op": op, "dtype": dtype,
+             **settings_for(longest_row)}
+    return reads, lambda cubin, params, longest=longest_row: validate.validate_on_device(
+        cubin, hardware, op, dtype, params, **settings_for(longest))
 
 
 def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shapes) -> Step:
@@ -180,7 +186,11 @@ def _synthesis_steps(op: str, dtype: str, rules, prof, hardware, layout, work, h
     from ..synth.llm import LLMProposer, LLMSettings
     from ..synth.proposal import SKELETON_HEADERS
     from ..synth.template import TemplateProposer
-    pool = plan.plan_op(op, {dtype: decided[dtype]}, rules.families_of(op), (dtype,), work.shapes, hw_facts, 10**6)
+    # what serves every workload shape: a proposal is timed, and chosen, as the operator's kernel
+    rtol = {dtype: prof.preservation.tolerance[dtype][0]}
+    pool = [c for c in plan.plan_op(op, {dtype: decided[dtype]}, rules.families_of(op), (dtype,), work.shapes,
+                                    hw_facts, 10**6, bounds=rtol, ruleset=rules)
+            if all(c.serves(s) for s in work.shapes)]
     families_rules = {f.name: f.rules for f in rules.families_of(op)}
     allowed = {r: rules.rules[r].summary for r in loop.legal_rules(rules, prof, op, dtype)}
     synthesis = prof.synthesis

@@ -46,17 +46,24 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectori
             res = results[c.id]
             timings = res.get("timings") or []
             rows.append({"id": c.id, "family": c.family, "params": c.params, "status": res["status"],
-                         "reason": res.get("reason"), "predicted_seconds": c.score, "prior": c.prior,
+                         "reason": res.get("reason"), "prior": c.prior,
+                         "predicted_seconds": c.score if math.isfinite(c.score) else None,   # None: serves some shapes
                          "measured_seconds": _geomean([t["median_seconds"] for t in timings]) if timings else None,
                          "timings": [[*t["shape"], t["median_seconds"]] for t in timings],
                          "resources": reports[c.id]["resources"]})
         rows += [synthesized] if synthesized else []
         passed = [r for r in rows if r["status"] == "passed" and r["measured_seconds"]]
         unvalidated = [r for r in rows if r["status"] == "unvalidated"]
+        # The operator's kernel is timed at every shape any valid candidate was: one that serves
+        # only some (its order keeps the bound on shorter rows) is a variant for those alone.
+        # (Synthesis's row carries no per-shape timings: its proposal was timed at every shape.)
+        everywhere = set().union(*(_timed_shapes(r) for r in passed))
+        whole = [r for r in passed if "timings" not in r or _timed_shapes(r) == everywhere] or passed
         if passed:
-            chosen, basis = min(passed, key=lambda r: (r["measured_seconds"], r["id"])), "fastest measured of the valid candidates"
+            chosen, basis = min(whole, key=lambda r: (r["measured_seconds"], r["id"])), "fastest measured of the valid candidates"
         elif unvalidated:
-            chosen, basis = min(unvalidated, key=lambda r: (r["predicted_seconds"], r["id"])), "best predicted; not validated on the target"
+            chosen, basis = (min(unvalidated, key=lambda r: (r["predicted_seconds"] is None, r["predicted_seconds"] or 0.0, r["id"])),
+                             "best predicted; not validated on the target")
         else:
             chosen, basis = None, ("no candidate passed validation" if rows else "no legal candidate")
         if trajectories and dtype in trajectories:
@@ -65,6 +72,10 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectori
                                 "status": chosen["status"] if chosen else None,
                                 "basis": basis, "candidates": rows, "by_shape": _fastest_by_shape(passed)}
     return out
+
+
+def _timed_shapes(row: dict) -> set:
+    return {(rows, cols) for rows, cols, _ in row.get("timings") or []}
 
 
 def _fastest_by_shape(passed: list[dict]) -> list[dict]:
@@ -92,7 +103,7 @@ def _chosen_kernel(ctx, prof, ruleset, op: str, dtype: str, pick: dict, by_id: d
                               prof.choice).as_record()["facts"] for r in proposal["declares"]}
         return cubin, {"candidate": pick["chosen"], "family": row["family"], "params": proposal["params"],
                        "rules": proposal["declares"], "resources": row["resources"],
-                       "longest_row": None,   # synthesis validates a proposal on every check shape
+                       "longest_row": trajectory[-1].get("longest_row"),
                        "why": {"family": [{"text": f"proposed by {proposal['proposer']} in round {trajectory[-1]['round']}, "
                                                    f"checked, compiled and validated like any candidate"}], "rules": why}}
     cand = by_id[pick["chosen"]]
