@@ -10,6 +10,7 @@ import pytest
 from aicg import hw, plan, plan_inputs, validate
 from aicg.runtime.instance import InstanceError, nearest_variant
 from aicg.semantics import accuracy, legality
+from aicg.semantics import ruleset as ruleset_loader
 
 RTOL32 = 1e-5   # the tolerance preset's float32 rtol (rulesets/preservation.toml)
 
@@ -177,3 +178,19 @@ def test_the_operator_kernel_is_one_timed_at_every_shape_and_a_partial_one_is_a_
     assert {(s["cols"], s["candidate"]) for s in picked["by_shape"]} == {(64, "tiny"), (4096, "whole")}
     unvalidated = {name: {"status": "unvalidated"} for name in results}
     assert package.select("softmax", ("float32",), [tiny, whole], unvalidated, reports)["dtypes"]["float32"]["chosen"] == "whole"
+
+
+def test_explain_says_which_rule_the_rounding_bound_rejected_and_by_how_much(tmp_path):
+    from doit_project import doit, make_project, profile_text
+    project = make_project(tmp_path / "proj", profile_text(ops=("row_sum",), shapes=((4096, 4096),), per_family=1))
+    run = doit(project, "explain", "profile=rulesets/profiles/small.toml", "op=row_sum")
+    assert run.code == 0, run.output
+    line = next(line for line in run.output.splitlines() if "rejected by its rounding bound" in line)
+    assert "sequential_reduction in row_sum_sequential (float32)" in line and "rtol 1e-05" in line
+    rules = ruleset_loader.load(project / "rulesets")
+    family = rules.families["row_sum_sequential"]
+    best = max(accuracy.longest_row(rules, "row_sum", "float32", p, RTOL32)
+               for p in plan.runnable_params(family, "float32", plan_inputs.values(plan_inputs.resolve(
+                   hw.load_target(project / "hwdb", "nvidia-h200")))))
+    assert f"at most {best} elements" in line and 600 < best < 700
+    assert "shortest rows have 4096" in line and "Higham & Mary" in line

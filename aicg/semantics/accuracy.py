@@ -49,6 +49,8 @@ def chain_steps(topology: str, threads: int, vec: int, cols: int) -> int:
 
 def chain_error(steps: int, failure_probability: float) -> float:
     """Relative error of a float32 chain of `steps` roundings that holds but with the given probability."""
+    if steps == 0:
+        return 0.0
     u = ACCUMULATOR.unit_roundoff
     lam = math.sqrt(2 * math.log(2 * steps / failure_probability)) / (1 - u)
     return math.expm1(lam * math.sqrt(steps) * u + steps * u * u / (1 - u))

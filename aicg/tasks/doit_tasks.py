@@ -124,8 +124,8 @@ def _rejection_text(r: dict) -> str:
                 f"drifts beyond rtol {r['bound']:g}; the least, {r['drift']:.3g} at row length {r['cols']} "
                 f"({r['source']})")
     return (f"rejected by its rounding bound: {r['rule']} in {r['family']} ({r['dtype']}): every realisation's order "
-            f"keeps rtol {r['bound']:g} only on rows of at most {r['longest_row']} elements, and the workload has "
-            f"rows of {r['cols']} ({r['source']})")
+            f"keeps rtol {r['bound']:g} only on rows of at most {r['longest_row']} elements, and the workload's "
+            f"shortest rows have {r['cols']} ({r['source']})")
 
 
 def _explore(instance: graph.Instance):
