@@ -194,3 +194,19 @@ def test_explain_says_which_rule_the_rounding_bound_rejected_and_by_how_much(tmp
                    hw.load_target(project / "hwdb", "nvidia-h200")))))
     assert f"at most {best} elements" in line and 600 < best < 700
     assert "shortest rows have 4096" in line and "Higham & Mary" in line
+
+
+def test_the_report_says_which_shapes_a_bounded_variant_serves():
+    from aicg.tasks import summary
+    kernel = {"op": "softmax", "dtype": "float32", "candidate": "whole", "family": "f", "basis": "fastest",
+              "params": {"threads": 128, "vec_bytes": 16, "topology": "block"}, "validation": "passed",
+              "resources": {"registers": 32, "shared_bytes": 0, "spill_store_bytes": 0, "spill_load_bytes": 0},
+              "legal_families": ["f"], "considered": 2, "longest_row": None, "why": {"family": [], "rules": {}},
+              "dispatch": [{"rows": 65536, "cols": 64, "candidate": "tiny", "longest_row": 660},
+                           {"rows": 4096, "cols": 4096, "candidate": "whole", "longest_row": None}]}
+    manifest = {"instance": "i", "target": {"name": "NVIDIA H200", "arch": "sm_90"},
+                "preservation": {"preset": "tolerance", "axes": {}}, "toolchain": {}, "unavailable": {},
+                "kernels": {"softmax.float32": kernel}}
+    text = summary.report(manifest)
+    assert "- 65536x64: tiny (its order keeps the bound on rows of at most 660 elements)" in text
+    assert "- 4096x4096: whole\n" in text

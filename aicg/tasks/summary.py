@@ -49,6 +49,11 @@ def table(manifest: dict) -> str:
     return "\n".join(lines + [""] + notes).rstrip() + "\n"
 
 
+def _kept(variant: dict) -> str:
+    longest = variant.get("longest_row")
+    return "" if longest is None else f" (its order keeps the bound on rows of at most {longest} elements)"
+
+
 def report(manifest: dict) -> str:
     lines = [f"# aicg instance {manifest['instance']}", "",
              f"Target: {manifest['target']['name']} ({manifest['target']['arch']}); preservation preset "
@@ -57,7 +62,11 @@ def report(manifest: dict) -> str:
              "Toolchain: " + ", ".join(f"{k} {v}" for k, v in sorted(manifest["toolchain"].items())) + ".", "",
              "```", table(manifest).rstrip(), "```", ""]
     for name, k in sorted(manifest["kernels"].items()):
-        lines += [f"## {name}: {k['candidate']}", "", f"Chosen: {k['basis']}.", "", "Why this family is legal:"]
+        lines += [f"## {name}: {k['candidate']}", "", f"Chosen: {k['basis']}.", ""]
+        if k.get("dispatch"):
+            lines += ["Per workload shape:"] + [f"- {v['rows']}x{v['cols']}: {v['candidate']}" + _kept(v)
+                                                for v in k["dispatch"]] + [""]
+        lines += ["Why this family is legal:"]
         lines += [f"- {fact['text']}" for fact in k["why"]["family"]]
         for rule, facts in sorted(k["why"]["rules"].items()):
             lines += [f"- rule {rule}:"] + [f"  - {fact['text']}" for fact in facts]
