@@ -258,7 +258,9 @@ def _best_spread(pool: list[Candidate], count: int, structure_of) -> list[Candid
     pool = sorted(pool, key=lambda c: (c.score, c.id))
     if not pool:
         return []
-    shape_leaders = [min(pool, key=lambda c: (c.predicted_seconds[i], c.id)) for i in range(len(pool[0].predicted_seconds))]
+    shape_leaders = [min(serving, key=lambda c: (c.predicted_seconds[i], c.id))
+                     for i in range(len(pool[0].predicted_seconds))
+                     if (serving := [c for c in pool if math.isfinite(c.predicted_seconds[i])])]
     structure_leaders = sorted({structure_of(c): c for c in reversed(pool)}.values(), key=lambda c: (c.score, c.id))
     by_id = {c.id: c for c in pool[:1] + shape_leaders + structure_leaders + pool}   # first occurrence keeps its place
     return list(by_id.values())[:count]
