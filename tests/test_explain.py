@@ -63,3 +63,16 @@ def test_explore_writes_one_page_of_every_operator_linked_to_the_rules(project, 
     assert page.links <= page.ids          # no dangling link
     assert any(c["class"] == "no" and "order" in c["title"] for c in page.cells)   # bitwise cells explain why
     assert doit(project, "explore").code == 0 and "wrote" not in doit(project, "explore").output  # up to date
+
+
+def test_explore_shows_the_longest_row_each_order_keeps_each_presets_bound_on(shipped_ruleset):
+    from aicg.semantics import explore
+    html = explore.page(shipped_ruleset)
+    softmax = html.split("<h2 id='op-softmax'>")[1].split("<h2 ")[0]
+    bound = softmax.split("the longest row each order keeps the bound on</h3>")[1]
+    thread_row = bound.split("<code>thread</code>")[1].split("</tr>")[0]
+    # presets in file order (bitwise, deterministic, tolerance, fast), float32 and bfloat16 each
+    assert thread_row.count("<td>") == 2 * len(shipped_ruleset.presets)
+    assert "<td>any</td>" in thread_row and "<td>660</td>" in thread_row
+    row_max = html.split("<h2 id='op-row_max'>")[1].split("<h2 ")[0]
+    assert "No rounding reduction" in row_max

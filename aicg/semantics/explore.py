@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from . import accuracy
 from .legality import Preservation, RuleChoice, decide, decide_rule
 
 STYLE = """
@@ -67,6 +68,31 @@ def _rule_table(op_name: str, ruleset) -> str:
     return f"<table><tr><th>rule</th>{head}</tr>{rows}</table>"
 
 
+def _bound_table(op: str, ruleset) -> str:
+    """The longest row each topology's order keeps each preset's rtol on (at its families' fewest
+    threads and widest packs: a block's longest chain)."""
+    families = ruleset.families_of(op)
+    topologies = list(dict.fromkeys(t for f in families for t in f.params["topology"]))
+    if not families or not accuracy.reduces_inexactly(ruleset, op):
+        return "<p><small>No rounding reduction: no row length is bounded.</small></p>"
+    threads = min(t for f in families for t in f.params["threads"])
+    widest = max(v for f in families for v in f.params["vec_bytes"])
+    head = "".join(f"<th>{escape(p)}<br><small>{d}</small></th>" for p in ruleset.presets for d in DTYPES)
+    rows = ""
+    for topology in topologies:
+        params = {"topology": topology, "threads": threads, "vec_bytes": widest}
+        cells = "".join(f"<td>{_longest_text(accuracy.longest_row(ruleset, op, d, params, p.tolerance[d][0]))}</td>"
+                        for p in ruleset.presets.values() for d in DTYPES)
+        rows += f"<tr><td><code>{escape(topology)}</code></td>{cells}</tr>"
+    return (f"<table><tr><th>topology (t{threads}, {widest}-byte packs)</th>{head}</tr>{rows}</table>"
+            f"<small>Elements per row; {escape(ruleset.rounding.ref)}, failing with probability "
+            f"{ruleset.rounding.failure_probability:g} a row.</small>")
+
+
+def _longest_text(longest: int | None) -> str:
+    return "any" if longest is None else f"{longest:,}"
+
+
 def _op_section(name: str, ruleset) -> str:
     op = ruleset.ops[name]
     parts = [f"<h2 id='op-{escape(name)}'>{escape(name)}</h2>", f"<p><code>{escape(op.form)}</code></p>",
@@ -77,7 +103,8 @@ def _op_section(name: str, ruleset) -> str:
     for f in op.functions:
         parts += [f"<h3>function <code>{escape(f)}</code></h3>", _properties(ruleset.functions[f].properties)]
     parts += ["<h3>families under each preset</h3>", _legality_table(name, ruleset),
-              "<h3>rules that apply, under each preset</h3>", _rule_table(name, ruleset)]
+              "<h3>rules that apply, under each preset</h3>", _rule_table(name, ruleset),
+              "<h3>the longest row each order keeps the bound on</h3>", _bound_table(name, ruleset)]
     return "\n".join(parts)
 
 

@@ -17,7 +17,7 @@ from doit.reporter import ConsoleReporter
 from .. import cas, plan_inputs
 from ..dtypes import DTYPES
 from ..errors import CompileError, DeviceError, InputChanged, InputError
-from ..semantics import explain, explore, legality
+from ..semantics import accuracy, explain, explore, legality
 from . import graph, step as steps, summary
 
 DEFAULT_PROFILE = "rulesets/profiles/default.toml"
@@ -81,7 +81,7 @@ def task_instance():
            "actions": [(_explain, [instance])], "uptodate": [False], "verbosity": 2}
     # the page changes with the rule sets and with the code that renders them
     rule_files = sorted(str(p) for p in instance.layout.rules.glob("*.toml"))
-    rule_files += [explore.__file__, legality.__file__, graph.ruleset_loader.__file__]
+    rule_files += [explore.__file__, legality.__file__, accuracy.__file__, graph.ruleset_loader.__file__]
     yield {"basename": "explore", "doc": f"write the operator explorer page to {EXPLORER}",
            "actions": [(_explore, [instance])], "file_dep": rule_files, "targets": [EXPLORER], "clean": True,
            "verbosity": 2}
