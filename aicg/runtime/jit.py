@@ -15,7 +15,7 @@ takes those that
   so a measured candidate's prediction holds what its spill costs).
 
 A kernel it compiled is validated on the device against float64 before its
-first launch (the build's checks); the outcome is kept beside the cubin, per
+first launch (the build's checks, on rows its order keeps the bound on); the outcome is kept beside the cubin, per
 GPU, so later processes skip it. On the target GPU the first
 TIMED_CANDIDATES usable ones (and the best one the lab has not measured yet,
 see timing_order) are then timed at the shape and the fastest
