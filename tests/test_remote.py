@@ -80,7 +80,9 @@ def test_a_dead_or_silent_remote_costs_one_warning_and_no_time(tmp_path, fault):
         if server:
             server.stop()
     assert run.output.count("remote store") == 1 and "unavailable" in run.output
-    assert elapsed < local + 2.0, (elapsed, local)   # one timeout at most, then local speed
+    # One timeout at most, then local speed; a timeout per request would cost the dozens of steps
+    # 0.5 s each. The margin is the noise of two builds on a 2-core machine (2.6 s seen once).
+    assert elapsed < local + 3.0, (elapsed, local)
 
 
 def _compile_blobs(project):
