@@ -60,7 +60,7 @@ class Candidate:
     longest_row: int | None = None         # the longest row its order keeps rtol on (None: any)
 
     def serves(self, shape) -> bool:
-        return self.longest_row is None or shape[1] <= self.longest_row
+        return accuracy.keeps(self.longest_row, shape[1])
 
     @property
     def modelled(self) -> bool:
@@ -297,12 +297,14 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 # a staged row gives the bits of its unstaged twin, so the twin's measured drift is its own
                 same_bits = dict(p, topology=codegen.UNSTAGED.get(p["topology"], p["topology"]))
                 longest = accuracy.longest_row(ruleset, op, dtype_name, p, bound) if ruleset else None
-                served = [s for s in shapes if longest is None or s[1] <= longest]
-                drift = (measured.drift(candidate_id(family.name, dtype_name, same_bits), max(c for _, c in served))
-                         if measured and served else None)
-                why = (_too_long(longest, min(c for _, c in shapes), family.name, dtype_name, bound, ruleset)
-                       if not served else _drifted(drift, family.name, dtype_name, bound, measured)
-                       if bound > 0 and drift and drift[0] > bound else None)
+                served = accuracy.served(shapes, longest)
+                why = None
+                if not served:
+                    why = _too_long(longest, min(c for _, c in shapes), family.name, dtype_name, bound, ruleset)
+                elif measured and bound > 0:
+                    drift = measured.drift(candidate_id(family.name, dtype_name, same_bits), max(c for _, c in served))
+                    if drift and drift[0] > bound:
+                        why = _drifted(drift, family.name, dtype_name, bound, measured)
                 if why:
                     for rule in rules:
                         dropped.setdefault((dtype_name, rule), []).append(why)

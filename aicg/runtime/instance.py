@@ -47,7 +47,7 @@ def nearest_variant(entry: dict, rows: int, cols: int) -> dict:
     """The kernel measured fastest on the workload shape nearest this one: row length first
     (it decides how a row is split), then row count; the operator's kernel without a table. Only
     kernels whose order keeps the profile's bound on rows of `cols` are considered."""
-    table = [v for v in entry.get("dispatch") or [entry] if v.get("longest_row") is None or cols <= v["longest_row"]]
+    table = [v for v in entry.get("dispatch") or [entry] if accuracy.keeps(v.get("longest_row"), cols)]
     if not table:
         longest = max(v["longest_row"] for v in entry.get("dispatch") or [entry])
         raise InstanceError(f"no packaged {entry.get('op', '')} {entry.get('dtype', '')} kernel keeps the profile's bound "

@@ -97,6 +97,16 @@ def _longest(op: str, dtype: str, order: tuple, rtol: float, failure_probability
     return low
 
 
+def keeps(longest: int | None, cols: int) -> bool:
+    """Whether rows of `cols` are within a longest row (None: every row is)."""
+    return longest is None or cols <= longest
+
+
+def served(shapes, longest: int | None) -> tuple:
+    """The (rows, cols, ...) shapes whose rows are within a longest row."""
+    return tuple(s for s in shapes if keeps(longest, s[1]))
+
+
 def clip_shapes(shapes, longest: int | None) -> tuple:
     """`shapes` ((rows, cols) or (rows, cols, stride)) with rows longer than `longest` cut to it,
     a stride keeping its padding; duplicates dropped, order kept."""
@@ -105,7 +115,7 @@ def clip_shapes(shapes, longest: int | None) -> tuple:
     clipped = []
     for shape in shapes:
         rows, cols, *stride = shape
-        if cols > longest:
+        if not keeps(longest, cols):
             shape = (rows, longest, *(s - cols + longest for s in stride))
         if tuple(shape) not in clipped:
             clipped.append(tuple(shape))

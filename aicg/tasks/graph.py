@@ -25,6 +25,7 @@ from ..errors import CompileError, InputChanged, InputError
 from ..primitives import realisation
 from ..profile import Profile
 from ..store import LayeredStore
+from ..semantics import accuracy
 from ..semantics import legality as legality_engine
 from ..semantics import ruleset as ruleset_loader
 from .step import Env, Result, Step
@@ -155,8 +156,7 @@ def _validation(prof, hardware: hw.Hardware, op: str, dtype: str, timed_shapes, 
     and dtype: on rows of at most the longest row (None: every check shape), timed at the workload
     shapes it serves."""
     def settings_for(longest):
-        served = tuple(s for s in timed_shapes if longest is None or s[1] <= longest)
-        return validate.settings(prof, dtype, served, longest_row=longest)
+        return validate.settings(prof, dtype, accuracy.served(timed_shapes, longest), longest_row=longest)
 
     reads = {"protocol": VALIDATION_PROTOCOL, "hardware": hardware.identity(),
              "peak_bytes_per_second": hardware.fact("dram_bandwidth"), "op": op, "dtype": dtype,
