@@ -6,8 +6,11 @@ kernel change before the lab or a build spends minutes on it.
 A candidate id is the planner's (family.dtype.tTHREADS.vBYTES.TOPOLOGY[.cN][.fastexp]). Each one is
 compiled, checked against float64 on the awkward shapes and the given shapes (rows cut to the
 longest its order keeps the bound on, as a build checks it) under a preservation preset's bounds (--preset, default tolerance; rulesets/preservation.toml), then timed at the given shapes.
---kernels takes the headers from another directory (an earlier commit's kernels/, say), so that a
-change and what it replaces are timed in the same run. Exits non-zero if any candidate fails.
+--kernels takes the headers from another directory (an earlier commit's kernels/, say); given more
+than once, each candidate is built with each directory's headers, every build checked, and the
+builds timed side by side at each shape (interleaved, one median each), so that a change and what
+it replaces are timed in the same run. --quick checks on the awkward shapes only (no float64
+reference of the large shapes on the host). Exits non-zero if any candidate fails.
 """
 from __future__ import annotations
 
@@ -41,9 +44,12 @@ def main() -> int:
     parser.add_argument("--shapes", default="4096x32768,32768x4096,1x65536")
     parser.add_argument("--target", default="nvidia-h200")
     parser.add_argument("--preset", default="tolerance")
-    parser.add_argument("--kernels", type=Path, default=ROOT / "kernels")
+    parser.add_argument("--kernels", type=Path, action="append")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repetitions", type=int, default=10)
     args = parser.parse_args()
     shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
+    kernel_dirs = args.kernels or [ROOT / "kernels"]
     rules = ruleset.load(ROOT / "rulesets")
     hardware = hw.load(ROOT / "hwdb" / f"{args.target}.toml")
     preset = rules.presets[args.preset]
@@ -51,20 +57,34 @@ def main() -> int:
     for candidate in args.candidates:
         family_name, dtype, params = params_of(candidate)
         family = rules.families[family_name]
-        cubin, report = nvrtc.compile_cubin(codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
-                                            nvrtc.include_closure(family.header, args.kernels), hardware.arch)[:2]
         # checked where a build would run it: on rows its order keeps the bound on
         longest = accuracy.longest_row(rules, family.op, dtype, params, preset.tolerance[dtype][0])
-        result = validate.validate_on_device(
-            cubin, hardware, family.op, dtype, params, tolerance=preset.tolerance[dtype],
-            deterministic=preset.axes["deterministic"], bitwise=preset.axes["order"] == "reference",
-            check_shapes=accuracy.clip_shapes(validate.AWKWARD_SHAPES + shapes, longest), timed_shapes=shapes,
-            trials=2, repetitions=10)
-        failed += result["status"] != "passed"
-        times = " ".join(f"{t['shape'][0]}x{t['shape'][1]} {t['median_seconds'] * 1e6:.1f} us "
-                         f"({t['bytes_per_second'] / 1e12:.2f} TB/s)" for t in result.get("timings", []))
-        print(f"{candidate}: {result['status']} regs {report['registers']} spills {report['spill_store_bytes']} B "
-              f"{validate.why_failed(result) or result.get('reason', '')} {times}", flush=True)
+        check_shapes = accuracy.clip_shapes(validate.AWKWARD_SHAPES + (() if args.quick else shapes), longest)
+        built = []
+        for kernels in kernel_dirs:
+            cubin, report = nvrtc.compile_cubin(codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
+                                                nvrtc.include_closure(family.header, kernels), hardware.arch)[:2]
+            result = validate.validate_on_device(
+                cubin, hardware, family.op, dtype, params, tolerance=preset.tolerance[dtype],
+                deterministic=preset.axes["deterministic"], bitwise=preset.axes["order"] == "reference",
+                check_shapes=check_shapes, timed_shapes=shapes if len(kernel_dirs) == 1 else (),
+                trials=2, repetitions=args.repetitions)
+            failed += result["status"] != "passed"
+            built.append((cubin, result))
+            label = f" [{kernels}]" if len(kernel_dirs) > 1 else ""
+            times = " ".join(f"{t['shape'][0]}x{t['shape'][1]} {t['median_seconds'] * 1e6:.1f} us "
+                             f"({t['bytes_per_second'] / 1e12:.2f} TB/s)" for t in result.get("timings", []))
+            print(f"{candidate}{label}: {result['status']} regs {report['registers']} spills "
+                  f"{report['spill_store_bytes']} B {validate.why_failed(result) or result.get('reason', '')} {times}",
+                  flush=True)
+        if len(kernel_dirs) > 1:
+            cubins = [(cubin, params) for cubin, _ in built]
+            for shape in shapes:   # in order, then reversed: a drift of the clock shows as a difference
+                there = validate.time_on_device(cubins, hardware, family.op, dtype, shape, args.repetitions)
+                back = validate.time_on_device(cubins[::-1], hardware, family.op, dtype, shape, args.repetitions)
+                if there and back:
+                    print(f"  {shape[0]}x{shape[1]} us: " + " | ".join(
+                        f"{a * 1e6:.1f}/{b * 1e6:.1f}" for a, b in zip(there, back[::-1])), flush=True)
     return 1 if failed else 0
 
 
