@@ -16,6 +16,14 @@ __device__ __forceinline__ float to_float(f16 v) {
   return out;
 }
 
+// The lower (hi = 0) or upper 16-bit element of a 32-bit word as a float.
+__device__ __forceinline__ float half_of(unsigned word, int hi, bf16) {
+  return __uint_as_float(hi ? word & 0xffff0000u : word << 16);
+}
+__device__ __forceinline__ float half_of(unsigned word, int hi, f16) {
+  return to_float(f16{(unsigned short)(hi ? word >> 16 : word & 0xffffu)});
+}
+
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {

@@ -174,8 +174,18 @@ struct RowCache {
   static constexpr bool full = FULL;
   using Element = T;
   using Slot = typename pick<FLOATS, float, T>::type;
-  Pack<Slot, V> slot[CACHE];
+  // 16-bit elements held two to a 32-bit word, as loaded: held as separate elements, ptxas gave
+  // each its own register (a bfloat16 row of 64 elements a lane took 127 registers).
+  static constexpr bool PAIRED = sizeof(Slot) == 2 && V % 2 == 0;
+  using Held = typename pick<PAIRED, Pack<unsigned, (PAIRED ? V / 2 : V)>, Pack<Slot, V>>::type;
+  Held slot[CACHE];
   int cols, lane, lanes, held;
+
+  // Element k of slot u as a float.
+  __device__ __forceinline__ float value(int u, int k) const {
+    if constexpr (PAIRED) return half_of(slot[u].v[k / 2], k % 2, T{});
+    else return to_float(slot[u].v[k]);
+  }
 
   // The first element of slot u (a pack, or one element when V == 1).
   __device__ __forceinline__ int start(int u) const { return (lane + u * lanes) * V; }
@@ -190,7 +200,7 @@ struct RowCache {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u)
 #pragma unroll
-      for (int k = 0; k < V; ++k) slot[u].v[k] = to_float(packed.slot[u].v[k]);
+      for (int k = 0; k < V; ++k) slot[u].v[k] = packed.value(u, k);
   }
 
   __device__ __forceinline__ void load(const T* row, int cols_, int lane_, int lanes_) {
@@ -198,7 +208,7 @@ struct RowCache {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
-      slot[u] = load_pack<V>(row + start(u));   // as loaded: a held row of floats comes from convert()
+      slot[u] = *reinterpret_cast<const Held*>(row + start(u));   // as loaded: a held row of floats comes from convert()
     }
   }
 
@@ -222,7 +232,7 @@ struct RowCache {
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
 #pragma unroll
-      for (int k = 0; k < V; ++k) f(start(u) + k, to_float(slot[u].v[k]));
+      for (int k = 0; k < V; ++k) f(start(u) + k, value(u, k));
     }
   }
 
@@ -246,7 +256,7 @@ struct RowCache {
       const int at = start(u);
       float x[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) x[k] = to_float(slot[u].v[k]);
+      for (int k = 0; k < V; ++k) x[k] = value(u, k);
       store_pack<V>(y + at, map_floats<V>(x, w, b, at, g));
     }
   }
