@@ -175,7 +175,7 @@ struct RowCache {
   using Element = T;
   using Slot = typename pick<FLOATS, float, T>::type;
   // 16-bit elements held two to a 32-bit word, as loaded: held as separate elements, ptxas gave
-  // each its own register (a bfloat16 row of 64 elements a lane took 127 registers).
+  // each its own register (rmsnorm bfloat16 holding 64 elements a lane: 97 registers, 64 as words).
   static constexpr bool PAIRED = sizeof(Slot) == 2 && V % 2 == 0;
   using Held = typename pick<PAIRED, Pack<unsigned, (PAIRED ? V / 2 : V)>, Pack<Slot, V>>::type;
   Held slot[CACHE];

@@ -8,8 +8,8 @@ compiled, checked against float64 on the awkward shapes and the given shapes (ro
 longest its order keeps the bound on, as a build checks it) under a preservation preset's bounds (--preset, default tolerance; rulesets/preservation.toml), then timed at the given shapes.
 --kernels takes the headers from another directory (an earlier commit's kernels/, say); given more
 than once, each candidate is built with each directory's headers, every build checked, and the
-builds timed side by side at each shape (interleaved, one median each), so that a change and what
-it replaces are timed in the same run. --quick checks on the awkward shapes only (no float64
+builds timed side by side at each shape (in order, then reversed: a median each way), so that a
+change and what it replaces are timed in the same run. --quick checks on the awkward shapes only (no float64
 reference of the large shapes on the host). Exits non-zero if any candidate fails.
 """
 from __future__ import annotations
