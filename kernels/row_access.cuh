@@ -208,7 +208,9 @@ struct RowCache {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
-      slot[u] = *reinterpret_cast<const Held*>(row + start(u));   // as loaded: a held row of floats comes from convert()
+      // as loaded: a held row of floats comes from convert()
+      if constexpr (PAIRED) slot[u] = load_pack<V / 2>(reinterpret_cast<const unsigned*>(row + start(u)));
+      else slot[u] = load_pack<V>(row + start(u));
     }
   }
 
