@@ -8,8 +8,8 @@ compiled, checked against float64 on the awkward shapes and the given shapes (ro
 longest its order keeps the bound on, as a build checks it) under a preservation preset's bounds (--preset, default tolerance; rulesets/preservation.toml), then timed at the given shapes.
 --kernels takes the headers from another directory (an earlier commit's kernels/, say); given more
 than once, each candidate is built with each directory's headers, every build checked, and the
-builds timed side by side at each shape (in order, then reversed: a median each way), so that a
-change and what it replaces are timed in the same run. --quick checks on the awkward shapes only (no float64
+builds that passed timed side by side at each shape (in order, then reversed: a median each way),
+so that a change and what it replaces are timed in the same run. --quick checks on the awkward shapes only (no float64
 reference of the large shapes on the host). Exits non-zero if any candidate fails.
 """
 from __future__ import annotations
@@ -77,8 +77,13 @@ def main() -> int:
             print(f"{candidate}{label}: {result['status']} regs {report['registers']} spills "
                   f"{report['spill_store_bytes']} B {validate.why_failed(result) or result.get('reason', '')} {times}",
                   flush=True)
-        if len(kernel_dirs) > 1:
-            cubins = [(cubin, params) for cubin, _ in built]
+        # a build that failed its check is not timed: its speed means nothing
+        passed = [(kernels, cubin) for kernels, (cubin, result) in zip(kernel_dirs, built)
+                  if result["status"] == "passed"]
+        if len(kernel_dirs) > 1 and passed:
+            if len(passed) < len(built):
+                print(f"  timed: {', '.join(str(kernels) for kernels, _ in passed)} (the others failed)")
+            cubins = [(cubin, params) for _, cubin in passed]
             for shape in shapes:   # in order, then reversed: a drift of the clock shows as a difference
                 there = validate.time_on_device(cubins, hardware, family.op, dtype, shape, args.repetitions)
                 back = validate.time_on_device(cubins[::-1], hardware, family.op, dtype, shape, args.repetitions)
