@@ -38,6 +38,46 @@ extern "C" __global__ void reciprocal_sqrt(unsigned first, unsigned long long co
 }
 """
 
+# aicg::Max against the rule it keeps (kernels/reduce.cuh), written plainly: a NaN on either side
+# gives a NaN, of two zeros +0 wins, otherwise the larger. Pairs are every two of SPECIAL, then
+# pseudo-random bit patterns; fmaxf, which drops NaN, must show mismatches.
+MAX_MISMATCHES = r"""
+#include "reduce.cuh"
+__device__ const unsigned SPECIAL[] = {
+  0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu, 0x00800000u, 0x80800000u,
+  0x3f800000u, 0xbf800000u, 0x3f800001u, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+  0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0xffffffffu, 0x7fa00000u, 0x40490fdbu, 0xc0490fdbu};
+constexpr unsigned SPECIALS = sizeof(SPECIAL) / sizeof(SPECIAL[0]);
+__device__ __forceinline__ unsigned mix(unsigned long long i) {   // splitmix64's finaliser, cut to 32 bits
+  i = (i ^ (i >> 30)) * 0xbf58476d1ce4e5b9ull;
+  i = (i ^ (i >> 27)) * 0x94d049bb133111ebull;
+  return (unsigned)(i ^ (i >> 31));
+}
+__device__ __forceinline__ float rule(float a, float b) {
+  if (a != a || b != b) return __int_as_float(0x7fffffff);
+  if (a == 0.0f && b == 0.0f) return (signbit(a) && signbit(b)) ? -0.0f : 0.0f;
+  return a > b ? a : b;
+}
+template <typename Max>
+__device__ void count(unsigned long long pairs, unsigned long long* mismatches, Max max) {
+  const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += step) {
+    const bool special = i < SPECIALS * SPECIALS;
+    const float a = __uint_as_float(special ? SPECIAL[i % SPECIALS] : mix(2 * i));
+    const float b = __uint_as_float(special ? SPECIAL[i / SPECIALS] : mix(2 * i + 1));
+    const float mine = max(a, b), theirs = rule(a, b);
+    const bool same = theirs == theirs ? __float_as_uint(mine) == __float_as_uint(theirs) : mine != mine;
+    if (!same) atomicAdd(mismatches, 1ull);
+  }
+}
+extern "C" __global__ void max_of_pairs(unsigned long long pairs, unsigned long long* out) {
+  count(pairs, out, aicg::Max());
+}
+extern "C" __global__ void fmaxf_of_pairs(unsigned long long pairs, unsigned long long* out) {
+  count(pairs, out, [](float a, float b) { return fmaxf(a, b); });
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def mismatches(repo):
@@ -72,3 +112,27 @@ def test_the_reciprocal_square_root_is_cudas_on_every_float(mismatches):
 def test_the_checks_see_a_difference(mismatches):
     # Past its range the sum's reciprocal differs: the top binade's reciprocals are subnormal, and it flushes them.
     assert mismatches("reciprocal_of_sum", 0x7F000000, 1 << 23) > 0
+
+
+@pytest.fixture(scope="module")
+def max_mismatches(repo):
+    arch = "sm_%d%d" % DEVICE.compute_capability
+    cubin = nvrtc.compile_cubin(MAX_MISMATCHES, "max_check.cu",
+                                nvrtc.include_closure("reduce.cuh", repo / "kernels"), arch)[0]
+    kernels = {name: driver.Kernel(cubin, name) for name in ("max_of_pairs", "fmaxf_of_pairs")}
+
+    def count(kernel: str, pairs: int) -> int:
+        with driver.Buffer(8) as out:
+            out.fill_byte(0)
+            kernels[kernel].launch(4096, 256, [(pairs, "u64"), (out.ptr, "ptr")])
+            driver.synchronize()
+            return int(out.download(np.uint64, 1)[0])
+    return count
+
+
+def test_the_row_maximum_keeps_its_rule_on_special_values_and_a_billion_random_pairs(max_mismatches):
+    assert max_mismatches("max_of_pairs", 1 << 30) == 0
+
+
+def test_the_maximum_check_sees_a_maximum_that_drops_nan(max_mismatches):
+    assert max_mismatches("fmaxf_of_pairs", 24 * 24) > 0
