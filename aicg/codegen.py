@@ -64,6 +64,14 @@ def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> 
     )
 
 
+def with_min_blocks(source: str, threads: int, blocks: int) -> str:
+    """`source` with its entry's launch bound asking for `blocks` resident blocks of `threads`."""
+    bound = f"__launch_bounds__({threads})"
+    if source.count(bound) != 1:
+        raise ValueError(f"a generated source has one {bound}; this one has {source.count(bound)}")
+    return source.replace(bound, f"__launch_bounds__({threads}, {blocks})")
+
+
 FLAT = "flat"
 MAX_GRID = 2**31 - 1    # blocks in a grid's x dimension
 

@@ -34,7 +34,10 @@ def test_first_build_runs_every_step_and_prints_the_summary(project):
     kinds = {name.split(":")[0] for name in run.executed}
     assert kinds == {"hw", "legality", "plan", "codegen", "compile", "validate", "select", "package"}
     compiled = [n for n in run.executed if n.startswith("compile:")]
-    assert run.compilations == len(compiled) == SMALL_PROFILE_COMPILATIONS
+    assert len(compiled) == SMALL_PROFILE_COMPILATIONS
+    # one NVRTC run a candidate, and one more where its launch bound asked for more blocks (aicg/occupancy.py)
+    reports = [json.loads(p.read_text())["resources"] for p in (project / "build/small/cubin").glob("*.json")]
+    assert run.compilations == len(compiled) + sum(r["asked_blocks"] > 0 for r in reports)
     for column in ("legal families", "chosen", "params", "regs", "smem", "spills", "validation"):
         assert column in run.output
     if driver.probe_device() is None:

@@ -20,7 +20,8 @@ def test_the_lab_measures_time_drift_and_stability_of_real_kernels(repo, shipped
     limits = plan_inputs.values(plan_inputs.resolve(hw.load_target(repo / "hwdb", "nvidia-h200")))
     configs = [c for c in lab.configurations(shipped_ruleset, limits, ("float32",))
                if c.family in ("row_sum_tree", "row_sum_sequential") and c.params["threads"] == 128]
-    cubins = lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_%d%d" % info.compute_capability, 4)
+    cubins = lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_%d%d" % info.compute_capability,
+                             limits["registers_per_sm"], 4)
     records = lab.measure(configs, cubins, info.l2_bytes, progress=lambda line: None)
     # a full launch and the few-row ones at each row length, tiny rows too where a row has one thread
     assert len(records) == sum(len(lab.row_lengths(c)) for c in configs) * (1 + len(lab.FEW_ROWS))

@@ -71,10 +71,11 @@ def test_the_jit_compiles_what_the_build_compiles(instance_dir, tmp_path):
     made = jit.kernel_for("softmax", "float32", *NEW_SHAPE)
     planned = jit.planning()
     family = planned.rules.families[made.candidate.split(".")[0]]
-    from aicg import codegen
+    from aicg import codegen, occupancy
     source = codegen.source(made.candidate, family, "float32", made.params)
-    cubin, _, _ = nvrtc.compile_cubin(source, f"src/{made.candidate}.cu",
-                                      nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90")
+    cubin, _, _ = occupancy.compile_candidate(source, f"src/{made.candidate}.cu",
+                                              nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90",
+                                              made.params, planned.hardware.fact("registers_per_sm"))
     assert cubin == made.cubin
 
 

@@ -200,7 +200,7 @@ def test_every_family_compiles_with_every_parameter_set_the_h200_can_run(repo, s
     configs = lab.configurations(shipped_ruleset, plan_inputs.values(plan_inputs.resolve(target)),
                                  ("float32", "bfloat16", "float16"))
     assert {c.family for c in configs} == set(shipped_ruleset.families)
-    cubins = lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90")
+    cubins = lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90", target.fact("registers_per_sm"))
     assert set(cubins) == {c.id for c in configs}
     assert all(cubin[:4] == b"\x7fELF" for cubin in cubins.values())
 
@@ -212,14 +212,15 @@ def test_the_lab_takes_a_cubin_it_compiled_before_from_the_store_and_compiles_a_
     target = hw.load_target(repo / "hwdb", "nvidia-h200")
     configs = lab.configurations(shipped_ruleset, plan_inputs.values(plan_inputs.resolve(target)))[:3]
     store = cas.Store(tmp_path / "cache")
-    first = lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90", 2, store)
+    registers = target.fact("registers_per_sm")
+    first = lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90", registers, 2, store)
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("compiled again")
     monkeypatch.setattr(lab, "ProcessPoolExecutor", no_compiler)
-    assert lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90", 2, store) == first
+    assert lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90", registers, 2, store) == first
 
     blob = next((tmp_path / "cache" / "objects").glob("*/*"))
     blob.write_bytes(b"damaged")
     monkeypatch.undo()
-    assert lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90", 2, store) == first
+    assert lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90", registers, 2, store) == first

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cas, codegen, digest, nvrtc, plan, plan_inputs
+from .. import cas, codegen, digest, nvrtc, occupancy, plan, plan_inputs
 from ..dtypes import DTYPES
 from ..ops import OPERATORS
 from ..runtime import driver
@@ -86,8 +86,8 @@ def kernel_digests(ruleset, kernels_dir) -> dict[str, str]:
 
 
 def _compile(job: tuple) -> tuple[str, bytes]:
-    config_id, source, headers, arch = job
-    return config_id, nvrtc.compile_cubin(source, f"{config_id}.cu", headers, arch)[0]
+    config_id, source, headers, arch, params, registers_per_sm = job
+    return config_id, occupancy.compile_candidate(source, f"{config_id}.cu", headers, arch, params, registers_per_sm)[0]
 
 
 def _stored_cubin(store: cas.Store | None, key: str) -> bytes | None:
@@ -96,10 +96,10 @@ def _stored_cubin(store: cas.Store | None, key: str) -> bytes | None:
     return outputs["cubin"] if outputs else None
 
 
-def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers: int | None = None,
-                store: cas.Store | None = None) -> dict[str, bytes]:
-    """Cubins by config id, compiled in worker processes (NVRTC holds the GIL); with a store,
-    taken from it where compiled before and kept in it."""
+def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, registers_per_sm: int,
+                workers: int | None = None, store: cas.Store | None = None) -> dict[str, bytes]:
+    """Cubins by config id, built as the build builds them (aicg/occupancy.py), in worker processes
+    (NVRTC holds the GIL); with a store, taken from it where compiled before and kept in it."""
     jobs, cubins = {}, {}
     closures: dict[str, tuple[dict, dict]] = {}   # header -> (its include closure, their digests): read once
     for c in configs:
@@ -109,8 +109,9 @@ def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, workers:
             closures[family.header] = headers, {name: digest.of_bytes(data) for name, data in sorted(headers.items())}
         headers, header_digests = closures[family.header]
         source = codegen.source(c.id, family, c.dtype, c.params)
-        job = (c.id, source, headers, arch)
-        key = nvrtc.compile_key(source, header_digests, arch)   # a run stopped at its time limit compiles none again
+        job = (c.id, source, headers, arch, c.params, registers_per_sm)
+        # a run stopped at its time limit compiles none again
+        key = occupancy.compile_key(source, header_digests, arch, c.params, registers_per_sm)
         stored = _stored_cubin(store, key)
         if stored is None:
             jobs[c.id] = (job, key)

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cas, codegen, digest, nvrtc, planning
+from .. import cas, codegen, digest, nvrtc, occupancy, planning
 
 log = logging.getLogger("aicg.jit")
 
@@ -204,7 +204,8 @@ class Jit:
         source = codegen.source(cand.id, family, cand.dtype, cand.params)
         headers = nvrtc.include_closure(family.header, self.source / "kernels")
         arch = planned.hardware.arch
-        key = nvrtc.compile_key(source, {name: digest.of_bytes(data) for name, data in headers.items()}, arch)
+        key = occupancy.compile_key(source, {name: digest.of_bytes(data) for name, data in headers.items()}, arch,
+                                    cand.params, planned.hardware.fact("registers_per_sm"))
         return source, headers, arch, key
 
     def _cached_or_compiled(self, cand, planned):
@@ -218,7 +219,8 @@ class Jit:
                 return cubin, meta, "jit cache"
             log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
         began = time.perf_counter()
-        cubin, resources, _log = nvrtc.compile_cubin(source, f"src/{cand.id}.cu", headers, arch)
+        cubin, resources, _log = occupancy.compile_candidate(source, f"src/{cand.id}.cu", headers, arch, cand.params,
+                                                             planned.hardware.fact("registers_per_sm"))
         seconds = time.perf_counter() - began
         meta = {"key": key, "candidate": cand.id, "params": cand.params, "cubin_digest": digest.of_bytes(cubin),
                 "resources": resources, "compile_seconds": seconds, "validation": {}}

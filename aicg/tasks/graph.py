@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import codegen, config, digest, hw, nvrtc, plan, toolchain
+from .. import codegen, config, digest, hw, nvrtc, occupancy, plan, toolchain
 from .. import planning as planning_inputs
 from .. import validate
 from ..errors import CompileError, InputChanged, InputError
@@ -126,12 +126,14 @@ def _codegen_step(cand: plan.Candidate, family) -> Step:
                 ("codegen.py", "ops.py", "dtypes.py"), targets=(out,))
 
 
-def _compile_step(cand: plan.Candidate, family, arch: str, layout: Layout) -> Step:
+def _compile_step(cand: plan.Candidate, family, hardware: hw.Hardware, layout: Layout) -> Step:
     headers = nvrtc.include_closure(family.header, layout.kernels)
     header_digests = {name: digest.of_bytes(data) for name, data in headers.items()}
     src, cubin, report = f"src/{cand.id}.cu", f"cubin/{cand.id}.cubin", f"cubin/{cand.id}.json"
+    arch, registers_per_sm = hardware.arch, hardware.fact("registers_per_sm")
     reads = {"arch": arch, "toolchain": toolchain.identity(), "options": list(nvrtc.OPTIONS),
-             "headers": header_digests, "source_name": src}
+             "headers": header_digests, "source_name": src, "occupancy": occupancy.POLICY,
+             "registers_per_sm": registers_per_sm, "params": cand.params}
 
     def run(ctx) -> Result:
         source = ctx.upstream(f"codegen:{cand.id}", src).decode()
@@ -139,12 +141,13 @@ def _compile_step(cand: plan.Candidate, family, arch: str, layout: Layout) -> St
         if now != headers:
             raise InputChanged(f"a header of {family.header} changed while the build ran")
         try:
-            binary, resources, log = nvrtc.compile_cubin(source, src, now, arch)
+            binary, resources, log = occupancy.compile_candidate(source, src, now, arch, cand.params, registers_per_sm)
         except CompileError as err:
             raise CompileError(f"{err}\n(generated source: {ctx.env.instance_dir / src})") from None
         return Result({cubin: binary, report: to_json({"resources": resources, "ptxas": log, "arch": arch})})
 
-    return Step(f"compile:{cand.id}", f"NVRTC-compile {cand.id} for {arch}", reads, run, ("nvrtc.py",),
+    return Step(f"compile:{cand.id}", f"NVRTC-compile {cand.id} for {arch}", reads, run,
+                ("nvrtc.py", "occupancy.py", "codegen.py"),
                 upstream=(f"codegen:{cand.id}",), targets=(cubin, report))
 
 
@@ -265,7 +268,7 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
                                                                          rejected[op])]
         for cand in candidates:
             family = rules.families[cand.family]
-            steps += [_codegen_step(cand, family), _compile_step(cand, family, hardware.arch, layout),
+            steps += [_codegen_step(cand, family), _compile_step(cand, family, hardware, layout),
                       _validate_step(cand, hardware, prof, work.shapes)]
         if prof.synthesis:
             for dtype in work.dtypes:

@@ -89,7 +89,7 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
         headers = lab.kernel_digests(rules, kernels_dir)   # what is compiled now, not after minutes of measuring
         print(f"  compiling {len(configs)} realisations for {gpu.arch} (those compiled before come from the store)",
               file=sys.stderr, flush=True)
-        cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch,
+        cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch, limits["registers_per_sm"],
                                   store=cas.Store(config.load(hwdb_dir.parent).local))
         digests = lab.cubin_digests(cubins)
         # What an interrupted run (a time limit, a lost node) or the profile measured on these

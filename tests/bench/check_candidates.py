@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from aicg import codegen, hw, nvrtc, validate  # noqa: E402
+from aicg import codegen, hw, nvrtc, occupancy, validate  # noqa: E402
 from aicg.semantics import accuracy, ruleset  # noqa: E402
 
 ID = re.compile(r"(?P<family>\w+)\.(?P<dtype>\w+)\.t(?P<threads>\d+)\.v(?P<vec>\d+)\.(?P<topology>\w+?)"
@@ -62,8 +62,10 @@ def main() -> int:
         check_shapes = accuracy.clip_shapes(validate.AWKWARD_SHAPES + (() if args.quick else shapes), longest)
         built = []
         for kernels in kernel_dirs:
-            cubin, report = nvrtc.compile_cubin(codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
-                                                nvrtc.include_closure(family.header, kernels), hardware.arch)[:2]
+            cubin, report = occupancy.compile_candidate(
+                codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
+                nvrtc.include_closure(family.header, kernels), hardware.arch, params,
+                hardware.fact("registers_per_sm"))[:2]
             result = validate.validate_on_device(
                 cubin, hardware, family.op, dtype, params, tolerance=preset.tolerance[dtype],
                 deterministic=preset.axes["deterministic"], bitwise=preset.axes["order"] == "reference",
@@ -74,7 +76,8 @@ def main() -> int:
             label = f" [{kernels}]" if len(kernel_dirs) > 1 else ""
             times = " ".join(f"{t['shape'][0]}x{t['shape'][1]} {t['median_seconds'] * 1e6:.1f} us "
                              f"({t['bytes_per_second'] / 1e12:.2f} TB/s)" for t in result.get("timings", []))
-            print(f"{candidate}{label}: {result['status']} regs {report['registers']} spills "
+            asked = f" (asked for {report['min_blocks']} blocks)" if report["min_blocks"] else ""
+            print(f"{candidate}{label}: {result['status']} regs {report['registers']}{asked} spills "
                   f"{report['spill_store_bytes']} B {validate.why_failed(result) or result.get('reason', '')} {times}",
                   flush=True)
         # a build that failed its check is not timed: its speed means nothing

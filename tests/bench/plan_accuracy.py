@@ -55,7 +55,7 @@ def measure(out: str, shapes: str | None = None) -> None:
     inputs = plan_inputs.values(plan_inputs.resolve(target, measured=False))
     candidates = [c for _, cands in _all_candidates(rules, prof, inputs).values() for c in cands]
     configs = [lab.Config(c.op, c.family, c.dtype, c.params) for c in candidates]
-    cubins = lab.compile_all(configs, rules, REPO / "kernels", target.arch)
+    cubins = lab.compile_all(configs, rules, REPO / "kernels", target.arch, target.fact("registers_per_sm"))
     device = driver.probe_device()
     results = {}
     for i, c in enumerate(candidates):

@@ -1,0 +1,52 @@
+"""A candidate's build: ptxas's own, or one whose launch bound asks for one more resident block.
+
+With a bare `__launch_bounds__(threads)`, ptxas takes as many registers as its schedule wants, up
+to the share of a full block. A kernel that holds a row in registers can then end up one block to
+an SM, where nothing overlaps a row's reductions with another row's loads. So where the plain
+build leaves one block of a row-holding kernel per SM, a second build asks for two
+(`__launch_bounds__(threads, 2)`), and is kept when ptxas spills at most a few words a thread
+there (stores that stay in L1). On the H200, layernorm bfloat16 t512 c8 took 76 registers (one
+block, 194.9 us at 4096x32768); asked for two, 64 without a spill (150.4 us); float16 68 (190.7
+us), asked for two 64 and a 4-byte spill (139.3 us). A block of 1024 threads is not asked: two
+of them leave 32 registers a thread, fewer than any held row needs beside its sweeps.
+"""
+from __future__ import annotations
+
+from . import codegen, digest, nvrtc
+
+ASKED_BLOCKS = 2
+MOST_THREADS_ASKED = 512
+SPILL_KEPT_BYTES = 16     # four words a thread
+POLICY = {"asked_blocks": ASKED_BLOCKS, "most_threads_asked": MOST_THREADS_ASKED, "spill_kept_bytes": SPILL_KEPT_BYTES}
+
+
+def resident_blocks(registers: int, threads: int, registers_per_sm: int) -> int:
+    return registers_per_sm // max(1, registers * threads)
+
+
+def worth_asking(params: dict, report: dict, registers_per_sm: int) -> bool:
+    return (params.get("cache_packs", 0) > 0 and params["threads"] <= MOST_THREADS_ASKED and report["reported"]
+            and resident_blocks(report["registers"], params["threads"], registers_per_sm) < ASKED_BLOCKS)
+
+
+def compile_key(source: str, header_digests: dict[str, str], arch: str, params: dict,
+                registers_per_sm: int) -> str:
+    return digest.of_value({"compile": nvrtc.compile_key(source, header_digests, arch), "occupancy": POLICY,
+                            "threads": params["threads"], "cache_packs": params.get("cache_packs", 0),
+                            "registers_per_sm": registers_per_sm})
+
+
+def compile_candidate(source: str, source_name: str, headers: dict[str, bytes], arch: str, params: dict,
+                      registers_per_sm: int) -> tuple[bytes, dict, str]:
+    """(cubin, resource report, ptxas log) as nvrtc.compile_cubin gives them; the report's
+    `asked_blocks` says whether a second build asked for more blocks (0: none was made), and
+    `min_blocks` what the kept build's launch bound asks for (0: nothing)."""
+    cubin, report, log = nvrtc.compile_cubin(source, source_name, headers, arch)
+    if not worth_asking(params, report, registers_per_sm):
+        return cubin, {**report, "asked_blocks": 0, "min_blocks": 0}, log
+    asked = codegen.with_min_blocks(source, params["threads"], ASKED_BLOCKS)
+    bounded, bounded_report, bounded_log = nvrtc.compile_cubin(asked, source_name, headers, arch)
+    spilled = max(bounded_report["spill_store_bytes"], bounded_report["spill_load_bytes"])
+    if bounded_report["reported"] and spilled <= SPILL_KEPT_BYTES:
+        return bounded, {**bounded_report, "asked_blocks": ASKED_BLOCKS, "min_blocks": ASKED_BLOCKS}, bounded_log
+    return cubin, {**report, "asked_blocks": ASKED_BLOCKS, "min_blocks": 0}, log
