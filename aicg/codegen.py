@@ -65,11 +65,14 @@ def source(candidate_id: str, family: Family, dtype_name: str, params: dict) -> 
 
 
 def with_min_blocks(source: str, threads: int, blocks: int) -> str:
-    """`source` with its entry's launch bound asking for `blocks` resident blocks of `threads`."""
+    """`source` with its entry's launch bound asking for `blocks` resident blocks of `threads`,
+    and AICG_MIN_BLOCKS defined before the family's header for the kernels to see."""
     bound = f"__launch_bounds__({threads})"
-    if source.count(bound) != 1:
-        raise ValueError(f"a generated source has one {bound}; this one has {source.count(bound)}")
-    return source.replace(bound, f"__launch_bounds__({threads}, {blocks})")
+    if source.count(bound) != 1 or source.count("\n#include ") != 1:
+        raise ValueError(f"a generated source has one {bound} and one #include; this one has "
+                         f"{source.count(bound)} and {source.count(chr(10) + '#include ')}")
+    return (source.replace(bound, f"__launch_bounds__({threads}, {blocks})")
+            .replace("\n#include ", f"\n#define AICG_MIN_BLOCKS {blocks}\n#include "))
 
 
 FLAT = "flat"

@@ -308,16 +308,20 @@ __device__ __forceinline__ void each_tiny_row(const T* x, int rows, int x_stride
 // allow packs: holding it element by element (CACHE * V strided slots) made
 // ptxas spill, or take 90 registers where the packed path takes 56, in
 // kernels that never see such a row on their workload.
-// A row that fills every slot has a path of its own (FULL, no slot tested) for 4-byte elements
-// only: with both paths, a 16-bit row took ptxas far more registers than either path alone
-// (layernorm bfloat16 t512 c8: 127, the tested path alone 76, and 64 without a spill where the
-// launch bound asks for two blocks; H200: 162.8 -> 150.4 us at 4096x32768), while float32 gains
-// from it (layernorm t1024 c8 4096x32768: 308 us, 365 without it).
+// A row that fills every slot has a path of its own (FULL, no slot tested), except in a build
+// whose launch bound asks for more resident blocks (AICG_MIN_BLOCKS, aicg/occupancy.py): with
+// both paths, ptxas took layernorm bfloat16 t512 c8 to 127 registers, the tested path alone to
+// 76, and asked for two blocks, to 64 without a spill (both paths: 296 bytes of spill there).
+// Elsewhere the path pays: on the H200, log-softmax bfloat16 t256 v4 c8 32768x4096 ran 132.5 us
+// with it, 161.7 without; layernorm float32 t1024 c8 4096x32768 308 and 365 us.
+#ifndef AICG_MIN_BLOCKS
+#define AICG_MIN_BLOCKS 0
+#endif
 template <int V, int CACHE, bool FLOATS, typename T, typename Body>
 __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int lanes, bool vectorised, Body&& body) {
   if constexpr (CACHE > 0) {
     if ((V == 1 || vectorised) && cols <= lanes * V * CACHE) {
-      if (sizeof(T) == 4 && cols == lanes * V * CACHE) {
+      if (AICG_MIN_BLOCKS == 0 && cols == lanes * V * CACHE) {
         as_held<FLOATS>(RowCache<V, CACHE, T, true>(row, cols, lane, lanes), body);
       } else {
         as_held<FLOATS>(RowCache<V, CACHE, T, false>(row, cols, lane, lanes), body);

@@ -54,8 +54,9 @@ def test_a_streamed_row_and_a_block_of_1024_are_not_asked():
 
 
 def test_the_launch_bound_is_rewritten_only_where_the_source_has_exactly_one():
-    source = 'extern "C" __global__ void __launch_bounds__(512)\naicg_kernel() {}\n'
-    assert "__launch_bounds__(512, 2)" in codegen.with_min_blocks(source, 512, 2)
+    source = '// aicg candidate x\n#include "norms.cuh"\nextern "C" __global__ void __launch_bounds__(512)\naicg_kernel() {}\n'
+    asked = codegen.with_min_blocks(source, 512, 2)
+    assert "__launch_bounds__(512, 2)" in asked and '#define AICG_MIN_BLOCKS 2\n#include "norms.cuh"' in asked
     with pytest.raises(ValueError, match="has 0"):
         codegen.with_min_blocks(source, 256, 2)
 
