@@ -171,8 +171,8 @@ class BuildReporter(ConsoleReporter):
         if not (ran or local or remote or self.failures):
             self.write(f"aicg: nothing to do, all {len(self.fresh)} tasks are up to date\n")
         else:
-            compiled = sum(1 for n in ran if n.startswith("compile:"))
-            self.write(f"aicg: {len(ran)} tasks ran ({compiled} NVRTC compilations), "
+            compiled = sum(1 for n in ran if n.startswith("compile:"))   # a kernel may take two NVRTC runs (occupancy.py)
+            self.write(f"aicg: {len(ran)} tasks ran ({compiled} kernels compiled), "
                        f"{len(local) + len(remote)} restored from cache ({len(local)} local, {len(remote)} remote), "
                        f"{len(self.fresh)} up to date\n")
         instance = _loaded.get("instance")
