@@ -203,8 +203,13 @@ struct RowCache {
       for (int k = 0; k < V; ++k) slot[u].v[k] = packed.value(u, k);
   }
 
-  __device__ __forceinline__ void load(const T* row, int cols_, int lane_, int lanes_) {
+  // The lane's place in its row group, and how many of its slots the row fills.
+  __device__ __forceinline__ void place(int cols_, int lane_, int lanes_) {
     cols = cols_, lane = lane_, lanes = lanes_, held = (cols_ / V - lane_ + lanes_ - 1) / lanes_;
+  }
+
+  __device__ __forceinline__ void load(const T* row, int cols_, int lane_, int lanes_) {
+    place(cols_, lane_, lanes_);
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
@@ -218,7 +223,7 @@ struct RowCache {
   // use).
   __device__ __forceinline__ void load_sum(const T* x, const T* r, int cols_, int lane_, int lanes_) {
     static_assert(FLOATS, "a sum of two rows is held as floats");
-    cols = cols_, lane = lane_, lanes = lanes_, held = (cols_ / V - lane_ + lanes_ - 1) / lanes_;
+    place(cols_, lane_, lanes_);
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
