@@ -86,6 +86,19 @@ def test_validation_rejects(name):
 
 
 @needs_h200
+@pytest.mark.parametrize("name, text, fault", [
+    ("faults", body(store="y[row] = acc; if (row == 0) y[-(1ll << 40)] = acc;"), "CUDA"),
+    ("never finishes", body(store="y[row] = acc; while (rows > 0) __nanosleep(1000);"), "no answer"),
+])
+def test_a_kernel_that_faults_or_never_finishes_fails_and_the_next_is_validated(name, text, fault, monkeypatch):
+    from aicg.validate import isolated
+    monkeypatch.setattr(isolated.worker, "seconds", 60)
+    result = _validate(text)
+    assert result["status"] == "failed" and fault in result["fault"], (name, result)
+    assert _validate(body())["status"] == "passed"
+
+
+@needs_h200
 def test_validation_accepts_a_correct_kernel():
     result = _validate(body())
     assert result["status"] == "passed", [c for c in result["checks"] if not c["passed"]][:2]

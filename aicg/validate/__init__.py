@@ -41,15 +41,32 @@ def local_device_state():
 def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, params: dict, *,
                        tolerance, deterministic: bool, bitwise: bool, check_shapes, timed_shapes, trials: int,
                        repetitions: int) -> dict:
+    """check.run's report, run in a worker process (isolated.py): a kernel that faults or never
+    finishes fails, with `fault` saying what happened, and the caller's process is unharmed."""
     dev = driver.probe_device()
     reason = _not_the_target(dev, hardware)
     if reason:
         return {"status": "unvalidated", "reason": reason}
+    from . import isolated
+    reply = isolated.worker.call("aicg.validate:check_here", kwargs={
+        "cubin": cubin, "op": op, "dtype": dtype, "params": params, "tolerance": list(tolerance),
+        "deterministic": deterministic, "bitwise": bitwise, "check_shapes": [list(s) for s in check_shapes],
+        "timed_shapes": [list(s) for s in timed_shapes], "trials": trials, "repetitions": repetitions,
+        "peak_bytes_per_second": hardware.fact("dram_bandwidth")})
+    if "fault" in reply:
+        return {"status": "failed", "device": dev.name, "fault": reply["fault"], "checks": [], "timings": [],
+                "implausibly_fast": []}
+    return reply["result"]
+
+
+def check_here(cubin: bytes, op: str, dtype: str, params: dict, tolerance, deterministic: bool, bitwise: bool,
+               check_shapes, timed_shapes, trials: int, repetitions: int, peak_bytes_per_second: float) -> dict:
+    """check.run on this process's GPU (the worker's side of validate_on_device)."""
     from . import check
-    return check.run(cubin, op, dtype, params, tolerance=tolerance, deterministic=deterministic, bitwise=bitwise,
-                     check_shapes=check_shapes, timed_shapes=timed_shapes, trials=trials,
-                     repetitions=repetitions, device=dev,
-                     peak_bytes_per_second=hardware.fact("dram_bandwidth"))
+    return check.run(cubin, op, dtype, params, tolerance=tuple(tolerance), deterministic=deterministic,
+                     bitwise=bitwise, check_shapes=[tuple(s) for s in check_shapes],
+                     timed_shapes=[tuple(s) for s in timed_shapes], trials=trials, repetitions=repetitions,
+                     device=driver.probe_device(), peak_bytes_per_second=peak_bytes_per_second)
 
 
 def _not_the_target(dev, hardware: Hardware) -> str | None:
@@ -76,6 +93,8 @@ def why_failed(report: dict) -> str:
     """What a failed validation report found first, in a line ("" for a pass or no verdict)."""
     if report["status"] != "failed":
         return report.get("reason", "") if report["status"] == "unvalidated" else ""
+    if report.get("fault"):
+        return f"the kernel faulted: {report['fault']}"
     for c in report.get("checks", []):
         if c["passed"]:
             continue
