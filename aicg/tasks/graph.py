@@ -151,7 +151,8 @@ def _compile_step(cand: plan.Candidate, family, hardware: hw.Hardware, layout: L
                 upstream=(f"codegen:{cand.id}",), targets=(cubin, report))
 
 
-VALIDATE_CODE = ("validate/__init__.py", "validate/check.py", "runtime/driver.py", "ops.py", "dtypes.py", "codegen.py")
+VALIDATE_CODE = ("validate/__init__.py", "validate/check.py", "validate/isolated.py", "runtime/driver.py", "ops.py",
+                 "dtypes.py", "codegen.py")
 
 
 def _validation(prof, hardware: hw.Hardware, op: str, dtype: str, timed_shapes, longest_row: int | None = None):
