@@ -71,6 +71,10 @@ RECORDED = [   # (run, summary line the table ends with)
     ("2026-12-02-h200-grid-11-one-element-rows.json",
      "21 cases: 2 at >= 95% of the copy, 4 at >= 1.0x both torch.compile and Triton, 21 validated, "
      "12 at >= 0.9x the best peer"),
+    ("2026-12-02-h200-acceptance-12.json", "24 cases: 16 at >= 95% of the copy, 7 at >= 1.0x both torch.compile "
+                                           "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
+    ("2026-12-02-h200-acceptance-14.json", "24 cases: 17 at >= 95% of the copy, 7 at >= 1.0x both torch.compile "
+                                           "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
 ]
 
 
