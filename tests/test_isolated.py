@@ -48,3 +48,4 @@ def test_any_other_exception_in_the_worker_is_raised_in_the_caller_and_the_worke
 def test_the_worker_s_stdout_does_not_reach_the_replies(worker, capfd):
     assert worker.call("builtins:print", ["noise on stdout"])["result"] is None
     assert worker.call("isolated_targets:add", [1, 2])["result"]["sum"] == 3
+    assert "noise on stdout" in capfd.readouterr().err     # it went to the worker's stderr

@@ -48,10 +48,11 @@ def validate_on_device(cubin: bytes, hardware: Hardware, op: str, dtype: str, pa
     if reason:
         return {"status": "unvalidated", "reason": reason}
     from . import isolated
+    # msgpack carries tuples as lists: check_here turns them back
     reply = isolated.worker.call("aicg.validate:check_here", kwargs={
-        "cubin": cubin, "op": op, "dtype": dtype, "params": params, "tolerance": list(tolerance),
-        "deterministic": deterministic, "bitwise": bitwise, "check_shapes": [list(s) for s in check_shapes],
-        "timed_shapes": [list(s) for s in timed_shapes], "trials": trials, "repetitions": repetitions,
+        "cubin": cubin, "op": op, "dtype": dtype, "params": params, "tolerance": tolerance,
+        "deterministic": deterministic, "bitwise": bitwise, "check_shapes": check_shapes,
+        "timed_shapes": timed_shapes, "trials": trials, "repetitions": repetitions,
         "peak_bytes_per_second": hardware.fact("dram_bandwidth")})
     if "fault" in reply:
         return {"status": "failed", "device": dev.name, "fault": reply["fault"], "checks": [], "timings": [],
