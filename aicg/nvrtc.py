@@ -92,11 +92,14 @@ def _check(result, what: str):
 
 
 def _program_log(prog) -> str:
+    # NVRTC writes into the buffer it is given: a bytes object would be written in place, and an
+    # empty log (one NUL) would land in the interpreter's shared one-byte b" ", after which every
+    # b" " in the process (and source compiled from then on) reads as a NUL.
     nvrtc = bindings()
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-    buf = b" " * size
+    buf = bytearray(size)
     _check(nvrtc.nvrtcGetProgramLog(prog, buf), "log")
-    return buf.rstrip(b"\x00 ").decode(errors="replace")
+    return bytes(buf).rstrip(b"\x00 ").decode(errors="replace")
 
 
 def parse_report(log: str) -> dict:
@@ -140,8 +143,9 @@ def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch
                          flags=re.M) if names else log
             raise CompileError(f"NVRTC could not compile {source_name} for {arch}:\n{log.strip()}")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "get cubin")
+        cubin = bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     stable_log = "\n".join(line for line in log.splitlines() if "Compile time" not in line).strip()

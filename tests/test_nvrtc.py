@@ -146,6 +146,21 @@ def test_a_log_without_a_ptxas_report_says_so():
     assert nvrtc.parse_report("")["reported"] is False
 
 
+def test_an_empty_log_leaves_the_interpreters_one_byte_bytes_alone():
+    # without ptxas -v the log is one NUL: read into b" " * 1 it overwrote the shared b" "
+    bindings = nvrtc.bindings()
+    prog = nvrtc._check(bindings.nvrtcCreateProgram(b'extern "C" __global__ void k(float* y) { y[0] = 1.0f; }',
+                                                    b"k.cu", 0, [], []), "create program")
+    try:
+        (err,) = bindings.nvrtcCompileProgram(prog, 1, [b"-arch=sm_90"])
+        assert err == bindings.nvrtcResult.NVRTC_SUCCESS
+        assert nvrtc._check(bindings.nvrtcGetProgramLogSize(prog), "log size") == 1
+        assert nvrtc._program_log(prog) == ""
+    finally:
+        bindings.nvrtcDestroyProgram(prog)
+    assert bytes([32])[0] == 32 and bytes([0])[0] == 0
+
+
 def test_nvrtc_first_runs_with_its_cache_off_and_the_switch_is_given_back(monkeypatch, shipped_ruleset, kernels):
     seen, module = [], nvrtc.bindings()
     real = module.nvrtcCompileProgram
