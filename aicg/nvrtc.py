@@ -94,7 +94,7 @@ def _check(result, what: str):
 def _program_log(prog) -> str:
     # NVRTC writes into the buffer it is given: a bytes object would be written in place, and an
     # empty log (one NUL) would land in the interpreter's shared one-byte b" ", after which every
-    # b" " in the process (and source compiled from then on) reads as a NUL.
+    # b" " in the process reads as a NUL.
     nvrtc = bindings()
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
     buf = bytearray(size)
