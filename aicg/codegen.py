@@ -16,15 +16,18 @@ ENTRY = "aicg_kernel"
 # (tiny rows), n lanes of a warp (short rows), or the n blocks of a thread-block cluster (long rows);
 # or, for maps alone, no rows: the matrix one range over the whole grid (flat).
 TOPOLOGIES = {"warp": "aicg::WARP_PER_ROW", "block": "aicg::BLOCK_PER_ROW", "thread": "aicg::THREAD_PER_ROW",
-              "block_staged": "aicg::STAGED_BLOCK_PER_ROW",
+              "block_staged": "aicg::STAGED_BLOCK_PER_ROW", "block_prefetch": "aicg::PREFETCH_BLOCK_PER_ROW",
               "thread_rows8": "aicg::THREAD_PER_8_ROWS",
               "lanes4": "aicg::LANES_4_PER_ROW", "lanes8": "aicg::LANES_8_PER_ROW", "lanes16": "aicg::LANES_16_PER_ROW",
               "cluster2": "aicg::CLUSTER_2_PER_ROW", "cluster4": "aicg::CLUSTER_4_PER_ROW",
               "cluster8": "aicg::CLUSTER_8_PER_ROW", "flat": "aicg::FLAT"}
-# The row copied into shared memory before its sweeps (kernels/row_access.cuh): the topology it
-# otherwise is, whose lanes meet the same elements in the same order.
-UNSTAGED = {"block_staged": "block"}
-STAGED = set(UNSTAGED)
+# The row copied into shared memory before its sweeps (kernels/row_access.cuh), or a grid of
+# resident blocks each holding its row while it prefetches the next into shared memory: the
+# topology it otherwise is, whose lanes meet the same elements in the same order.
+UNSTAGED = {"block_staged": "block", "block_prefetch": "block"}
+STAGED = {"block_staged"}            # swept from shared memory
+PREFETCHED = {"block_prefetch"}      # held in registers, the next row copied meanwhile
+ROW_IN_SHARED = STAGED | PREFETCHED  # launched with the row's bytes of dynamic shared memory
 BLOCKS_PER_ROW = {"cluster2": 2, "cluster4": 4, "cluster8": 8}    # any other topology: 1
 LANES_OF_A_WARP = {"warp": 32, "thread": 1, "thread_rows8": 1, "lanes4": 4, "lanes8": 8, "lanes16": 16}  # the rest: blocks
 ROWS_PER_THREAD = {"thread_rows8": 8}    # any other topology: 1
@@ -79,10 +82,16 @@ FLAT = "flat"
 MAX_GRID = 2**31 - 1    # blocks in a grid's x dimension
 
 
-def launch_geometry(params: dict, rows: int, cols: int, dtype_size: int) -> tuple[int, int]:
+def launch_geometry(params: dict, rows: int, cols: int, dtype_size: int,
+                    resident_blocks: int | None = None) -> tuple[int, int]:
     """(blocks, threads per block) that cover `rows` rows of `cols` elements: a flat walk gets a
-    thread per pack of the whole matrix."""
+    thread per pack of the whole matrix; a prefetching topology as many blocks as the GPU holds at
+    once (`resident_blocks`, the launch's occupancy times the SMs), each serving several rows."""
     threads = params["threads"]
+    if params["topology"] in PREFETCHED:
+        if not resident_blocks:
+            raise ValueError(f"a {params['topology']} launch needs the blocks the GPU holds at once")
+        return min(rows, resident_blocks), threads
     if params["topology"] == FLAT:
         units = -(-rows * cols // max(1, params["vec_bytes"] // dtype_size))
         return min(MAX_GRID, -(-units // threads)), threads
@@ -94,10 +103,19 @@ def launch_geometry(params: dict, rows: int, cols: int, dtype_size: int) -> tupl
 
 
 def shared_bytes(kernel, params: dict, cols: int, dtype_size: int) -> int:
-    """Dynamic shared memory for a launch: a staged topology's whole row, when the row is whole
-    packs and the kernel may have that much (`kernel.shared_bytes_limit`); otherwise none, and a
-    staged kernel reads the row from global memory as its unstaged twin does."""
+    """Dynamic shared memory for a launch: a staged or prefetching topology's whole row, when the
+    row is whole packs and the kernel may have that much (`kernel.shared_bytes_limit`); otherwise
+    none, and the kernel reads the row from global memory as its unstaged twin does."""
     row_bytes = cols * dtype_size
-    if params["topology"] not in STAGED or row_bytes % params["vec_bytes"]:
+    if params["topology"] not in ROW_IN_SHARED or row_bytes % params["vec_bytes"]:
         return 0
     return row_bytes if row_bytes <= kernel.shared_bytes_limit else 0
+
+
+def launch_of(kernel, params: dict, rows: int, cols: int, dtype_size: int) -> tuple[int, int, int]:
+    """(blocks, threads per block, dynamic shared bytes) of a launch of `kernel` (a loaded entry:
+    its shared memory limit and, for a prefetching topology, its occupancy) over `rows` rows."""
+    shared = shared_bytes(kernel, params, cols, dtype_size)
+    resident = kernel.resident_blocks(params["threads"], shared) if params["topology"] in PREFETCHED else None
+    blocks, threads = launch_geometry(params, rows, cols, dtype_size, resident)
+    return blocks, threads, shared

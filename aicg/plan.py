@@ -44,6 +44,7 @@ _WHEN = {
     "wider_than_element": lambda value, dtype: value > dtype.size,
     "true": lambda value, dtype: bool(value),
     "staged": lambda value, dtype: value in codegen.STAGED,
+    "prefetched": lambda value, dtype: value in codegen.PREFETCHED,
 }
 
 
@@ -134,9 +135,11 @@ def residency(dtype_name: str, p: dict, cols: int, hw: dict) -> Residency:
               and row_bytes <= hw["shared_memory_per_block_optin"])
     fits = tiny or staged or (held > 0 and cols <= lanes * held)
     registers = BASE_REGISTERS + (held if fits and not staged else 0)
+    # A prefetching block holds its row and keeps the next one's copy in shared memory.
+    in_shared = staged or (p["topology"] in codegen.PREFETCHED and fits and row_bytes <= hw["shared_memory_per_block_optin"])
     blocks_per_sm = max(1, min(hw["max_blocks_per_sm"], hw["max_threads_per_sm"] // threads,
                                hw["registers_per_sm"] // (registers * threads),
-                               hw["shared_memory_per_sm"] // row_bytes if staged else hw["max_blocks_per_sm"]))
+                               hw["shared_memory_per_sm"] // row_bytes if in_shared else hw["max_blocks_per_sm"]))
     return Residency(lanes, rows_per_block, vec, tiny, staged, fits, blocks_per_sm)
 
 
@@ -199,7 +202,9 @@ def model_terms(family: Family, dtype_name: str, p: dict, shape: tuple[int, int]
 
     overhead = hw["launch_seconds"]
     if lanes > 32 and p["topology"] != codegen.FLAT:   # a block's reduction; a cluster's adds one more level like it
-        overhead += waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1) * (1 + (blocks_per_row > 1))
+        # a prefetching block's reductions overlap its next row's loads: only its last row's show
+        reduced_waves = 1 if p["topology"] in codegen.PREFETCHED else waves
+        overhead += reduced_waves * hw["block_reduction_seconds"] * (family.sweeps - 1 or 1) * (1 + (blocks_per_row > 1))
     by_bytes = (dram_bytes + cached_bytes / hw["cached_sweep_speedup"]) / bandwidth
     return overhead + by_bytes, overhead + waves * row_seconds
 
@@ -227,6 +232,9 @@ def runnable_params(family: Family, dtype_name: str, hw: dict):
         # registers: on the H200 holding it as well was slower than the staged row alone
         # (softmax bfloat16 4096x32768: t1024 c4 199 us, t256 unheld 152 us).
         if p["topology"] in codegen.STAGED and (p["vec_bytes"] != 16 or p["cache_packs"]):
+            continue
+        # A prefetched row is held in registers, its successor copied in 16-byte packs meanwhile.
+        if p["topology"] in codegen.PREFETCHED and (p["vec_bytes"] != 16 or not p["cache_packs"]):
             continue
         # A held row and the sweeps' temporaries must fit in one thread's share
         # of the registers at a full block (the kernel's launch bound caps it

@@ -18,11 +18,14 @@ namespace aicg {
 // one element has one load in flight; eight rows' loads go out together).
 // STAGED_BLOCK_PER_ROW is BLOCK_PER_ROW with the row first copied into shared
 // memory (row_access.cuh): the same lanes meet the same elements, so the same bits.
+// PREFETCH_BLOCK_PER_ROW is BLOCK_PER_ROW holding its row, with a grid of resident blocks each
+// serving every gridDim.x-th row and copying its next row into shared memory meanwhile
+// (row_access.cuh): the same bits again. Its first row is row(); the rest, row() + k * gridDim.x.
 // FLAT is for maps alone (fused.cuh): no rows at all, the matrix one range of elements over
 // the whole grid, so that a single row or rows of one element still use every SM.
 enum Topology {
   WARP_PER_ROW = 0, BLOCK_PER_ROW = 1, THREAD_PER_ROW = 2, STAGED_BLOCK_PER_ROW = 3,
-  LANES_4_PER_ROW = 4, LANES_8_PER_ROW = 8, LANES_16_PER_ROW = 16,
+  PREFETCH_BLOCK_PER_ROW = 5, LANES_4_PER_ROW = 4, LANES_8_PER_ROW = 8, LANES_16_PER_ROW = 16,
   CLUSTER_2_PER_ROW = 102, CLUSTER_4_PER_ROW = 104, CLUSTER_8_PER_ROW = 108,
   THREAD_PER_8_ROWS = 208,
   FLAT = 300
@@ -75,6 +78,7 @@ struct RowGroup {
   static constexpr int lanes = TOPOLOGY == WARP_PER_ROW      ? 32
                                : TOPOLOGY == BLOCK_PER_ROW     ? THREADS
                                : TOPOLOGY == STAGED_BLOCK_PER_ROW ? THREADS
+                               : TOPOLOGY == PREFETCH_BLOCK_PER_ROW ? THREADS
                                : TOPOLOGY == THREAD_PER_ROW    ? 1
                                : TOPOLOGY == THREAD_PER_8_ROWS ? 1
                                : blocks > 1                    ? THREADS * blocks

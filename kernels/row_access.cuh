@@ -273,6 +273,9 @@ struct RowCache {
 // serves several rows (THREAD_PER_8_ROWS), so that all its rows' loads are in
 // flight before the first is used (aicg/plan.py models the same bound).
 constexpr int TINY_ROW = 4;
+#ifndef EXP_PF_FULL
+#define EXP_PF_FULL false
+#endif
 
 // Whether a row object (as a body sees it, by reference) holds its row in registers.
 template <typename R> struct held_in_registers { static constexpr bool value = R::in_registers; };
@@ -322,15 +325,27 @@ __device__ __forceinline__ void each_tiny_row(const T* x, int rows, int x_stride
 #ifndef AICG_MIN_BLOCKS
 #define AICG_MIN_BLOCKS 0
 #endif
+// body(r) for the row held in registers, read from `row` (global or shared memory); then() runs
+// once every slot's load is issued and before the body, for a caller that reuses the memory the
+// row was read from.
+template <int V, int CACHE, bool FLOATS, bool EXP_FULL = true, typename T, typename Then, typename Body>
+__device__ __forceinline__ void hold_row(const T* row, int cols, int lane, int lanes, Then&& then, Body&& body) {
+  if (EXP_FULL && AICG_MIN_BLOCKS == 0 && cols == lanes * V * CACHE) {
+    const RowCache<V, CACHE, T, true> held(row, cols, lane, lanes);
+    then();
+    as_held<FLOATS>(held, body);
+  } else {
+    const RowCache<V, CACHE, T, false> held(row, cols, lane, lanes);
+    then();
+    as_held<FLOATS>(held, body);
+  }
+}
+
 template <int V, int CACHE, bool FLOATS, typename T, typename Body>
 __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int lanes, bool vectorised, Body&& body) {
   if constexpr (CACHE > 0) {
     if ((V == 1 || vectorised) && cols <= lanes * V * CACHE) {
-      if (AICG_MIN_BLOCKS == 0 && cols == lanes * V * CACHE) {
-        as_held<FLOATS>(RowCache<V, CACHE, T, true>(row, cols, lane, lanes), body);
-      } else {
-        as_held<FLOATS>(RowCache<V, CACHE, T, false>(row, cols, lane, lanes), body);
-      }
+      hold_row<V, CACHE, FLOATS>(row, cols, lane, lanes, [] {}, body);
       return;
     }
   }
@@ -355,8 +370,10 @@ __device__ __forceinline__ unsigned staging_bytes() {
   return n;
 }
 
+// Start copying the lane's packs of `row` into `staged` (pack i to the same place); the copies
+// land in the background until wait_for_copies().
 template <int V, typename T>
-__device__ __forceinline__ void stage_row(T* staged, const T* __restrict__ row, int cols, int lane, int lanes) {
+__device__ __forceinline__ void copy_row_async(T* staged, const T* __restrict__ row, int cols, int lane, int lanes) {
   constexpr int BYTES = V * sizeof(T);
   static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
   for (int i = lane; i < cols / V; i += lanes) {
@@ -368,7 +385,47 @@ __device__ __forceinline__ void stage_row(T* staged, const T* __restrict__ row, 
       asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(from), "n"(BYTES) : "memory");
     }
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+__device__ __forceinline__ void wait_for_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+template <int V, typename T>
+__device__ __forceinline__ void stage_row(T* staged, const T* __restrict__ row, int cols, int lane, int lanes) {
+  copy_row_async<V>(staged, row, cols, lane, lanes);
+  wait_for_copies();
+}
+
+// Prefetching (PREFETCH_BLOCK_PER_ROW): the grid is as many blocks as the GPU holds at once, and
+// block b serves rows b, b + gridDim.x, ... Each row is held in registers, read from its copy in
+// shared memory; once a lane's slots are loaded it starts copying its packs of the block's next
+// row into the same places, so that row's loads are in flight while this one is reduced and
+// written: with one block of 1024 threads to an SM, nothing else overlaps a row's reductions. A
+// lane overwrites only packs it has itself just read (its loads come first in its program order,
+// and the copy's "memory" clobber keeps them there), so no barrier is needed. The bits are those of
+// BLOCK_PER_ROW holding the row: the same lanes meet the same elements in the same order. A row
+// that the slots or the shared memory cannot hold is served as BLOCK_PER_ROW serves it.
+template <int THREADS, int V, int CACHE, bool FLOATS, typename T, typename Body>
+__device__ __forceinline__ void each_row_prefetched(const T* x, int rows, int cols, int x_stride, bool vectorised,
+                                                    Body& body) {
+  static_assert(V > 1 && CACHE > 0, "a prefetched row is held in registers, in packs");
+  const int lane = threadIdx.x;
+  long long row = blockIdx.x;
+  if (!(vectorised && cols <= THREADS * V * CACHE && (unsigned)cols * sizeof(T) <= staging_bytes())) {
+    for (; row < rows; row += gridDim.x) {
+      RowStream<V, T> streamed{x + row * x_stride, cols, lane, THREADS, vectorised};
+      body(row, streamed);
+    }
+    return;
+  }
+  T* staged = reinterpret_cast<T*>(staging_buffer);
+  copy_row_async<V>(staged, x + row * x_stride, cols, lane, THREADS);
+  for (; row < rows; row += gridDim.x) {
+    wait_for_copies();
+    const long long next = row + gridDim.x;
+    hold_row<V, CACHE, FLOATS, EXP_PF_FULL>(staged, cols, lane, THREADS, [&] {
+      if (next < rows) copy_row_async<V>(staged, x + next * x_stride, cols, lane, THREADS);
+    }, [&](auto& r) { body(row, r); });
+  }
 }
 
 // body(row, r) for each row this thread serves, r as with_row gives it
@@ -382,6 +439,9 @@ __device__ __forceinline__ void each_row(const T* x, int rows, int cols, int x_s
   if constexpr (R == 1) {
     const long long row = G::row();
     if (row >= rows) return;  // whole row groups leave together: no barrier is skipped
+    if constexpr (TOPOLOGY == PREFETCH_BLOCK_PER_ROW) {
+      return each_row_prefetched<THREADS, V, CACHE, FLOATS>(x, rows, cols, x_stride, vectorised, body);
+    }
     if constexpr (TOPOLOGY == STAGED_BLOCK_PER_ROW && V > 1) {
       if (vectorised && (unsigned)cols * sizeof(T) <= staging_bytes()) {
         T* staged = reinterpret_cast<T*>(staging_buffer);

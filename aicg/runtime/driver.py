@@ -174,6 +174,15 @@ class Kernel:
         self.allow_shared_bytes(limit)
         return limit
 
+    def resident_blocks(self, threads: int, shared_bytes: int) -> int:
+        """Blocks of `threads` threads with `shared_bytes` of dynamic shared memory that the current
+        device holds at once: the driver's occupancy for this entry times the SMs."""
+        cu = _cu()
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, threads, shared_bytes))
+        device = check(cu.cuCtxGetDevice())
+        sms = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))
+        return per_sm * sms
+
     def allow_shared_bytes(self, nbytes: int) -> None:
         """Raise the entry's dynamic shared memory limit (above 48 KB needs an opt-in)."""
         attr = _cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES

@@ -79,8 +79,7 @@ class OpKernels:
                 self.chosen.clear()
             kernel, entry, params = self._find_kernel(dtype, device, rows, cols)
             names = tuple(entry["arguments"])
-            grid, block = codegen.launch_geometry(params, rows, cols, DTYPES[dtype].size)
-            shared = codegen.shared_bytes(kernel, params, cols, DTYPES[dtype].size)
+            grid, block, shared = codegen.launch_of(kernel, params, rows, cols, DTYPES[dtype].size)
             self._by_shape[key] = (kernel.launcher(tuple(self._kind(n) for n in names)), names, (grid, 1, 1),
                                    (block, 1, 1), shared)
         return self._by_shape[key]

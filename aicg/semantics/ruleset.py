@@ -16,13 +16,13 @@ from .. import tomlfile
 
 HOLDS = {"real", "exact"}
 # How a family template may split a row over threads (aicg/codegen.py maps each to kernels/reduce.cuh).
-TOPOLOGY_NAMES = ("warp", "block", "block_staged", "thread", "thread_rows8", "lanes4", "lanes8", "lanes16",
+TOPOLOGY_NAMES = ("warp", "block", "block_staged", "block_prefetch", "thread", "thread_rows8", "lanes4", "lanes8", "lanes16",
                   "cluster2", "cluster4", "cluster8", "flat")
 # Every family template takes these parameters: (type, allowed values or None).
 PARAM_TYPES = {"threads": (int, None), "vec_bytes": (int, None),
                "topology": (str, set(TOPOLOGY_NAMES)), "fast_exp": (bool, None), "cache_packs": (int, None)}
 TEMPLATE_PARAMS = tuple(PARAM_TYPES)
-PARAM_PREDICATES = {"wider_than_element", "true", "staged"}
+PARAM_PREDICATES = {"wider_than_element", "true", "staged", "prefetched"}
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,8 @@ class Buffers:
         values.update({name: (value, "float") for name, value in self.op.scalars})
         args = [values[n] if n in values else (self.buffers[n].ptr + offsets.get(n, 0), "ptr")
                 for n in self.op.argument_names()]
-        grid, block = codegen.launch_geometry(params, rows, self.cols, self.dtype.size)
-        kernel.launch(grid, block, args, shared_bytes=codegen.shared_bytes(kernel, params, self.cols, self.dtype.size))
+        grid, block, shared = codegen.launch_of(kernel, params, rows, self.cols, self.dtype.size)
+        kernel.launch(grid, block, args, shared_bytes=shared)
 
     def run_poisoned(self, kernel, params: dict, split: int | None = None) -> np.ndarray:
         """Poison the output, launch (in two launches split at row `split`, if given), read back."""
