@@ -273,9 +273,6 @@ struct RowCache {
 // serves several rows (THREAD_PER_8_ROWS), so that all its rows' loads are in
 // flight before the first is used (aicg/plan.py models the same bound).
 constexpr int TINY_ROW = 4;
-#ifndef EXP_PF_FULL
-#define EXP_PF_FULL false
-#endif
 
 // Whether a row object (as a body sees it, by reference) holds its row in registers.
 template <typename R> struct held_in_registers { static constexpr bool value = R::in_registers; };
@@ -327,10 +324,11 @@ __device__ __forceinline__ void each_tiny_row(const T* x, int rows, int x_stride
 #endif
 // body(r) for the row held in registers, read from `row` (global or shared memory); then() runs
 // once every slot's load is issued and before the body, for a caller that reuses the memory the
-// row was read from.
-template <int V, int CACHE, bool FLOATS, bool EXP_FULL = true, typename T, typename Then, typename Body>
+// row was read from. UNTESTED_FULL_ROWS: a row of exactly lanes * V * CACHE elements is held with
+// no slot tested (RowCache FULL), unless the build asked for two blocks to an SM.
+template <int V, int CACHE, bool FLOATS, bool UNTESTED_FULL_ROWS = true, typename T, typename Then, typename Body>
 __device__ __forceinline__ void hold_row(const T* row, int cols, int lane, int lanes, Then&& then, Body&& body) {
-  if (EXP_FULL && AICG_MIN_BLOCKS == 0 && cols == lanes * V * CACHE) {
+  if (UNTESTED_FULL_ROWS && AICG_MIN_BLOCKS == 0 && cols == lanes * V * CACHE) {
     const RowCache<V, CACHE, T, true> held(row, cols, lane, lanes);
     then();
     as_held<FLOATS>(held, body);
@@ -422,7 +420,9 @@ __device__ __forceinline__ void each_row_prefetched(const T* x, int rows, int co
   for (; row < rows; row += gridDim.x) {
     wait_for_copies();
     const long long next = row + gridDim.x;
-    hold_row<V, CACHE, FLOATS, EXP_PF_FULL>(staged, cols, lane, THREADS, [&] {
+    // Through the tested path only: with the untested one as well, ptxas (NVRTC 13.0.88) took
+    // rmsnorm float32 t256 c8 from 64 registers to 127 and spilled 388 bytes in layernorm float32 t1024 c8.
+    hold_row<V, CACHE, FLOATS, false>(staged, cols, lane, THREADS, [&] {
       if (next < rows) copy_row_async<V>(staged, x + next * x_stride, cols, lane, THREADS);
     }, [&](auto& r) { body(row, r); });
   }

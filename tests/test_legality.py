@@ -55,6 +55,8 @@ CASES = [
     ("register_staging", "softmax", "tolerance", {"forbid": ["register_staging"]}, False, "forbidden", {}, False),
     ("shared_staging", "softmax", "bitwise", {}, True, "no_needs", {}, True),
     ("shared_staging", "layernorm", "tolerance", {"forbid": ["shared_staging"]}, False, "forbidden", {}, False),
+    ("row_prefetch", "rmsnorm", "bitwise", {}, True, "no_needs", {}, True),
+    ("row_prefetch", "softmax", "tolerance", {"forbid": ["row_prefetch"]}, False, "forbidden", {}, False),
     ("fusion", "rmsnorm", "tolerance", {}, True, "axis", {"axis": "order"}, True),
     ("fusion", "rmsnorm", "bitwise", {}, False, "axis", {"axis": "order"}, False),
     ("rematerialisation", "layernorm", "bitwise", {}, True, "no_needs", {}, True),

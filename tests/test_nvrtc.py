@@ -202,10 +202,26 @@ def test_a_flat_launch_gives_a_thread_to_each_pack_of_the_matrix(rows, cols, vec
 
 @pytest.mark.parametrize("topology, cols, expected", [("block_staged", 32768, 65536), ("block_staged", 116224, 232448),
                                                      ("block_staged", 116232, 0), ("block_staged", 32767, 0),
-                                                     ("block", 32768, 0)])
+                                                     ("block_prefetch", 32768, 65536), ("block_prefetch", 116232, 0),
+                                                     ("block_prefetch", 32767, 0), ("block", 32768, 0)])
 def test_a_staged_launch_asks_for_its_row_of_shared_memory_where_the_kernel_may_have_it(topology, cols, expected):
     kernel = types.SimpleNamespace(shared_bytes_limit=232448)   # the H200's opt-in limit, 227 KiB
     assert codegen.shared_bytes(kernel, {"topology": topology, "vec_bytes": 16}, cols, 2) == expected
+
+
+@pytest.mark.parametrize("rows, resident, blocks", [(1, 132, 1), (131, 132, 131), (132, 132, 132),
+                                                    (4097, 132, 132), (4097, 528, 528)])
+def test_a_prefetching_launch_is_one_wave_of_resident_blocks(rows, resident, blocks):
+    kernel = types.SimpleNamespace(shared_bytes_limit=232448, asked=[],
+                                   resident_blocks=lambda threads, shared: kernel.asked.append((threads, shared))
+                                   or resident)
+    params = {"threads": 1024, "topology": "block_prefetch", "vec_bytes": 16}
+    # the occupancy asked for is that of the launch itself: its threads and its row of shared memory
+    assert codegen.launch_of(kernel, params, rows, 32768, 4) == (blocks, 1024, 131072)
+    assert kernel.asked == [(1024, 131072)]
+    assert codegen.launch_of(kernel, params, rows, 32767, 4) == (blocks, 1024, 0)
+    with pytest.raises(ValueError, match="blocks the GPU holds at once"):
+        codegen.launch_geometry(params, rows, 32768, 4)
 
 
 def test_every_family_compiles_with_every_parameter_set_the_h200_can_run(repo, shipped_ruleset):
