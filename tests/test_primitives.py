@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 
+import numpy as np
 import pytest
 
 from aicg import codegen, hw, plan, plan_inputs, profile
@@ -320,11 +321,11 @@ def test_a_run_that_adds_row_lengths_keeps_the_records_of_the_others(tmp_path):
     assert lab.same_method(earlier, method) and not lab.same_method({**earlier, "driver": "581.0"}, method)
     assert not lab.same_method(None, method)
     partial = tmp_path / "nvidia-h200.realisation.partial.json"
-    kept = lab.Measured({"a": "digest of a"}, [{"id": "a", "cols": 1, "rows": 1, "seconds": 1e-6}], {"a": "2026-12-02"})
+    kept = lab.Measured({"a": "digest of a"}, [{"id": "a", "cols": 1, "rows": 1, "seconds": 1e-6, "drift": 0.0}], {"a": "2026-12-02"})
     lab.checkpoint(partial, earlier, kept)
     assert lab.resume(partial, method) == kept
     # an interrupted run measured a's tiny rows; the profile, its long ones: both kept, each once
-    profile = lab.Measured({"a": "digest of a"}, [{"id": "a", "cols": n, "rows": 1, "seconds": 2e-6}
+    profile = lab.Measured({"a": "digest of a"}, [{"id": "a", "cols": n, "rows": 1, "seconds": 2e-6, "drift": 0.0}
                                                   for n in (1, 64, 512)], {"a": "2026-11-30"})
     found = lab.reusable({"a": "digest of a"}, [kept, profile])
     assert sorted((r["cols"], r["seconds"]) for r in found.records) == [(1, 1e-6), (64, 2e-6), (512, 2e-6)]
@@ -348,7 +349,7 @@ def test_an_interrupted_lab_run_resumes_only_under_the_same_method(tmp_path):
 def test_only_realisations_whose_cubin_changed_are_measured_again():
     def measured(*ids, digest="old", date="2026-11-30"):
         return lab.Measured({i: f"{digest} {i}" for i in ids},
-                            [{"id": i, "cols": c, "seconds": 1.0} for i in ids for c in (64, 512)],
+                            [{"id": i, "cols": c, "seconds": 1.0, "drift": 1e-6} for i in ids for c in (64, 512)],
                             {i: date for i in ids})
     profile = measured("a", "b", "c")
     interrupted = measured("c", "d", digest="new", date="2026-12-02")
@@ -358,6 +359,20 @@ def test_only_realisations_whose_cubin_changed_are_measured_again():
     assert kept.measured_on == {"a": "2026-11-30", "c": "2026-12-02", "d": "2026-12-02"}
     assert sorted((r["id"], r["cols"]) for r in kept.records) == [(i, c) for i in "acd" for c in (64, 512)]
     assert lab.reusable(now, []) == lab.NOTHING
+
+
+def test_a_record_of_infinite_drift_is_measured_again_at_its_row_length():
+    records = [{"id": "a", "cols": c, "seconds": 1.0, "drift": d} for c, d in ((64, 1e-6), (32768, math.inf))]
+    kept = lab.reusable({"a": "old a"}, [lab.Measured({"a": "old a"}, records, {"a": "2026-12-03"})])
+    assert kept.cubins == {"a": "old a"} and [(r["cols"], r["drift"]) for r in kept.records] == [(64, 1e-6)]
+
+
+def test_an_element_equal_to_its_reference_has_no_drift_even_at_zero_scale():
+    # rmsnorm's scale is |ref|: an exact zero in the draw made 0 / 0 and an infinite drift
+    ref = np.array([[0.0, 2.0, -4.0]])
+    assert lab.largest_error(ref + [[0.0, 0.02, 0.0]], ref, np.abs(ref)) == pytest.approx(0.01)
+    assert lab.largest_error(ref + [[1e-30, 0.0, 0.0]], ref, np.abs(ref)) == math.inf     # off a zero of no scale
+    assert lab.largest_error(ref + [[0.0, np.nan, 0.0]], ref, np.abs(ref)) == math.inf    # an element left poisoned
 
 def test_realisations_the_lab_has_not_measured_are_built_besides_the_measured_ones(shipped_ruleset, h200, repo):
     """Realisations added since the lab last ran (here: staged rows) are predicted by the model
