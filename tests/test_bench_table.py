@@ -75,6 +75,10 @@ RECORDED = [   # (run, summary line the table ends with)
                                            "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
     ("2026-12-02-h200-acceptance-14.json", "24 cases: 17 at >= 95% of the copy, 7 at >= 1.0x both torch.compile "
                                            "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
+    ("2026-12-03-h200-acceptance-15.json", "24 cases: 15 at >= 95% of the copy, 7 at >= 1.0x both torch.compile "
+                                           "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
+    ("2026-12-03-h200-layernorm-float32-prefetch.json", "2 cases: 1 at >= 95% of the copy, 1 at >= 1.0x both "
+                                                        "torch.compile and Triton, 2 validated, 2 at >= 0.9x the best peer"),
 ]
 
 
