@@ -39,12 +39,12 @@ def _itemsize(dtype: str) -> int:
     return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
 
 
-def write_json(results: dict) -> None:
+def write_json(results: dict, **meta) -> None:
     out = os.environ.get("AICG_BENCH_JSON")
     if out:
         import torch
         meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(0),
-                "torch": torch.__version__}
+                "torch": torch.__version__, **meta}
         Path(out).write_text(json.dumps({**meta, "rows": table_rows(results)}, indent=1))
 
 

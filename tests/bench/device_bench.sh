@@ -6,6 +6,7 @@
 #                             stopped, hwdb/<gpu>.realisation.partial.json: carry it back to resume)
 #   PROFILES="rulesets/profiles/default.toml rulesets/profiles/fused.toml"
 #   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300  GRID_SELECT="4194304x1 or 1x65536" (a -k expression)
+#   FLUSHES="read write"     (each bench once per L2 flush, AICG_BENCH_FLUSH: test_memory_bound.py's docstring)
 # Results go to $OUT (or ./device-out): the realisation profile, the bench JSONs, instances.tgz and
 # logs.tgz (every log, refreshed after each step), no more than six files, so that a node that
 # returns few files returns them all. Carried wheels in .whl/ are installed first.
@@ -36,10 +37,12 @@ done
 tar czf "$OUT/instances.tgz" "${instances[@]}"
 instance=$(IFS=,; echo "${instances[*]}")
 bench() {   # bench SUITE SECONDS [-k EXPRESSION]: stopped at the limit; the JSON holds every case finished by then
-  AICG_INSTANCE=$instance AICG_BENCH_JSON="$OUT/bench-$1.json" timeout -s INT "$2" \
-    python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "$1${3:+ and ($3)}" -q -p no:cacheprovider \
-    --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$LOGS/bench-$1.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60
-  keep_logs
+  for flush in ${FLUSHES:-read}; do
+    AICG_BENCH_FLUSH=$flush AICG_INSTANCE=$instance AICG_BENCH_JSON="$OUT/bench-$1-$flush.json" timeout -s INT "$2" \
+      python3 -m pytest -m gpu tests/bench/test_memory_bound.py -k "$1${3:+ and ($3)}" -q -p no:cacheprovider \
+      --benchmark-disable-gc --benchmark-columns=median,iqr,rounds 2>&1 | tee "$LOGS/bench-$1-$flush.log" | grep -v "^test_memory_bound\|^---\|^Name\|^$" | tail -60
+    keep_logs
+  done
 }
 bench acceptance "${ACCEPTANCE_SECONDS:-120}"
 if [ -n "${GPU_TESTS:-}" ]; then

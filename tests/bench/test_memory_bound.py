@@ -10,8 +10,13 @@ pytest-benchmark is the harness; its clock is the device's: every round
 flushes the L2, queues a 0.2 ms GPU sleep (the host's launch work happens
 while it runs, so it stays out of the figure), records a CUDA event, calls,
 records another, and the clock advances by the elapsed device time between
-the two events. The host's own time per call is measured apart (calls
-queued back to back, no synchronisation) and reported beside it.
+the two events. The flush reads a buffer twice the L2's size
+(AICG_BENCH_FLUSH=read, the default), so the L2 holds clean lines when the
+timed call starts; AICG_BENCH_FLUSH=write flushes by a memset, as runs
+before 2026-12-03 did, which leaves the memset's dirty lines for the timed
+call to write back (tests/bench/flush_check.py measures the difference).
+The host's own time per call is measured apart (calls queued back to back,
+no synchronisation) and reported beside it.
 
 Each case (operator, dtype, shape) runs aicg (through `aicg.load`, after a
 validation in the same run: fresh random inputs, a NaN-poisoned output, every
@@ -88,9 +93,21 @@ def instances():
     return [aicg.load(p) for p in INSTANCES]
 
 
+FLUSH = os.environ.get("AICG_BENCH_FLUSH", "read")
+
+
 @pytest.fixture(scope="module")
 def flush():
-    return torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    return l2_flush(FLUSH)
+
+
+def l2_flush(mode: str):
+    """A call that evicts the L2: by reading twice its size (clean lines left) or by a memset (dirty ones)."""
+    if mode not in ("read", "write"):
+        raise ValueError(f"AICG_BENCH_FLUSH={mode!r}: expected 'read' or 'write'")
+    buffer = torch.zeros(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32, device="cuda")
+    total = torch.empty((), dtype=torch.int64, device="cuda")
+    return (lambda: torch.sum(buffer, out=total)) if mode == "read" else buffer.zero_
 
 
 _inputs: dict[tuple, tuple] = {}
@@ -114,7 +131,7 @@ SLEEP_CYCLES = 400_000   # about 0.2 ms at the H200's 1.98 GHz
 
 
 def device_seconds(fn, flush) -> float:
-    flush.zero_()
+    flush()
     torch.cuda._sleep(SLEEP_CYCLES)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -216,4 +233,4 @@ def test_memory_bound(benchmark, instances, flush, suite, op, dtype, shape, cont
     record[f"{contender}_host"] = host_seconds(fn)
     if contender == "aicg":
         record["aicg_kernel"] = instance.ops[op].chosen.get((dtype, *shape))
-    bench_table.write_json(RESULTS)
+    bench_table.write_json(RESULTS, l2_flush=FLUSH)
