@@ -107,7 +107,7 @@ def l2_flush(mode: str):
         raise ValueError(f"AICG_BENCH_FLUSH={mode!r}: expected 'read' or 'write'")
     buffer = torch.zeros(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32, device="cuda")
     total = torch.empty((), dtype=torch.int64, device="cuda")
-    return (lambda: torch.sum(buffer, out=total)) if mode == "read" else buffer.zero_
+    return (lambda: torch.sum(buffer, dim=0, out=total)) if mode == "read" else buffer.zero_
 
 
 _inputs: dict[tuple, tuple] = {}
