@@ -33,16 +33,23 @@ __device__ __forceinline__ MaxSum row_max_sum(R& r) {
 
 // Three sweeps: max, sum of exp(x - max), write exp(x - max) / sum. A row
 // held in registers keeps each exp(x - max) from the second sweep for the
-// third, so every element costs one exp; the values, and so the bits, are
-// those a streamed row computes twice.
+// third, so every element costs one exp, while its exps as floats fit in 32
+// registers a lane; a longer 16-bit row is held as loaded and computes each
+// exp again in the third sweep (bfloat16 t512 v16 c8 keeping its 64 floats took
+// 128 registers and one block to an SM, 176.5 us at 4096x32768 on the H200;
+// computing again, 64 registers, two blocks, 146.5 us). Either way the
+// values, and so the bits, are those a streamed row computes twice.
 template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
 __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
                                                 int rows, int cols, int x_stride) {
-  each_row<THREADS, TOPOLOGY, VEC, CACHE, true>(x, rows, cols, x_stride, rows_vectorisable<VEC>(cols, x_stride, x, y),
-                                                [&](long long row, auto& r) {
+  constexpr bool KEEP_EXP = sizeof(T) == sizeof(float) || CACHE * VEC <= 32;
+  each_row<THREADS, TOPOLOGY, VEC, CACHE, KEEP_EXP>(x, rows, cols, x_stride,
+                                                    rows_vectorisable<VEC>(cols, x_stride, x, y),
+                                                    [&](long long row, auto& r) {
+    constexpr bool kept = KEEP_EXP && held_in_registers<decltype(r)>::value;
     const float m = row_shift<THREADS, TOPOLOGY>(r);
     float s = 0.0f;
-    if constexpr (held_in_registers<decltype(r)>::value) {
+    if constexpr (kept) {
       r.update([&](int, float v) { const float e = exp_<FAST_EXP>(v - m); s += e; return e; });
     } else {
       r.each([&](int, float v) { s += exp_<FAST_EXP>(v - m); });
@@ -50,7 +57,7 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
     s = row_reduce<THREADS, TOPOLOGY>(s, Sum());
     const float inv = reciprocal_of_sum(s);
     r.store((const T*)nullptr, (const T*)nullptr, y + row * cols, [&](int, float v, float, float) {
-      if constexpr (held_in_registers<decltype(r)>::value) return v * inv;
+      if constexpr (kept) return v * inv;
       else return exp_<FAST_EXP>(v - m) * inv;
     });
   });
