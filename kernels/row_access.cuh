@@ -73,14 +73,40 @@ __device__ __forceinline__ void for_each(const T* __restrict__ row, int cols, in
   }
 }
 
+// A pack of a per-column vector (w, b), which every row reads again, asked to stay in the L2
+// (evict_last) while the rows stream through it: on the H200, layernorm bfloat16 t512 c8 ran
+// 150.7 us at 4096x32768 with plain loads, 140.6 with the hint (its w and b are 128 KiB).
+template <int V, typename T>
+__device__ __forceinline__ Pack<T, V> load_column_pack(const T* __restrict__ p) {
+  constexpr int BYTES = sizeof(Pack<T, V>);
+  if constexpr (BYTES == 16 || BYTES == 8 || BYTES == 4) {
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    unsigned u[BYTES / 4];
+    if constexpr (BYTES == 16) {
+      asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+          : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3]) : "l"(p), "l"(policy));
+    } else if constexpr (BYTES == 8) {
+      asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(u[0]), "=r"(u[1]) : "l"(p), "l"(policy));
+    } else {
+      asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(u[0]) : "l"(p), "l"(policy));
+    }
+    Pack<T, V> pack;
+    memcpy(&pack, u, BYTES);
+    return pack;
+  } else {
+    return load_pack<V>(p);
+  }
+}
+
 // y_j = g(j, x_j, w_j, b_j) for the V elements from `at`, x_j given as floats;
 // w and b may be null (per-column vectors), in which case g sees 1 and 0.
 template <int V, typename T, typename G>
 __device__ __forceinline__ Pack<T, V> map_floats(const float (&x)[V], const T* __restrict__ w,
                                                  const T* __restrict__ b, long long at, G& g) {
   Pack<T, V> pw, pb;
-  if (w) pw = load_pack<V>(w + at);
-  if (b) pb = load_pack<V>(b + at);
+  if (w) pw = load_column_pack<V>(w + at);
+  if (b) pb = load_column_pack<V>(b + at);
   float y[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
