@@ -77,6 +77,10 @@ RECORDED = [   # (run, summary line the table ends with)
                                            "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
     ("2026-12-03-h200-acceptance-15.json", "24 cases: 15 at >= 95% of the copy, 7 at >= 1.0x both torch.compile "
                                            "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
+    ("2026-12-03-h200-acceptance-16.json", "24 cases: 19 at >= 95% of the copy, 8 at >= 1.0x both torch.compile "
+                                           "and Triton, 24 validated, 23 at >= 0.9x the best peer"),
+    ("2026-12-03-h200-acceptance-17.json", "24 cases: 20 at >= 95% of the copy, 7 at >= 1.0x both torch.compile "
+                                           "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
     ("2026-12-03-h200-layernorm-float32-prefetch.json", "2 cases: 1 at >= 95% of the copy, 1 at >= 1.0x both "
                                                         "torch.compile and Triton, 2 validated, 2 at >= 0.9x the best peer"),
 ]
