@@ -11,6 +11,7 @@ that clock drift falls on both. Prints median µs and the difference.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import statistics
 
@@ -56,7 +57,8 @@ def main() -> None:
         del x, fn
         torch.cuda.empty_cache()
     if args.json:
-        meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(0),
+                "torch": torch.__version__,
                 "l2_bytes": torch.cuda.get_device_properties(0).L2_cache_size}
         with open(args.json, "w") as f:
             json.dump({**meta, "cases": results}, f, indent=1)

@@ -24,7 +24,8 @@ element within the instance's tolerance of a float64 result), PyTorch eager,
 `torch.compile`, the hand-written Triton peer (best of a few warp counts; see
 peers.py) and a copy of the input's bytes. The table printed at the end (and
 written to $AICG_BENCH_JSON) gives each as time, TB/s of the bytes the
-operator must move, and aicg's ratio to it. Nothing here asserts a time.
+operator must move, and aicg's ratio to it; the JSON keeps every round's time
+as well. Nothing here asserts a time.
 
 Two suites: `acceptance` (32768x4096 and 4096x32768, torch.compile for that
 static shape) and `grid` (row lengths 1..65536, row counts 1..4M, one
@@ -230,6 +231,7 @@ def test_memory_bound(benchmark, instances, flush, suite, op, dtype, shape, cont
 
     benchmark.pedantic(timed, rounds=ROUNDS, iterations=1)
     record[contender] = benchmark.stats.stats.median
+    record[f"{contender}_rounds"] = list(benchmark.stats.stats.data)
     record[f"{contender}_host"] = host_seconds(fn)
     if contender == "aicg":
         record["aicg_kernel"] = instance.ops[op].chosen.get((dtype, *shape))
