@@ -76,18 +76,17 @@ __device__ __forceinline__ void for_each(const T* __restrict__ row, int cols, in
 // A pack of a per-column vector (w, b), which every row reads again, asked to stay in the L2
 // (evict_last) while the rows stream through it: on the H200, layernorm bfloat16 t512 c8 ran
 // 150.7 us at 4096x32768 with plain loads, 140.6 with the hint (its w and b are 128 KiB).
+// Packs are the families' vec_bytes, 4 or 16 (rulesets/families.toml).
 template <int V, typename T>
 __device__ __forceinline__ Pack<T, V> load_column_pack(const T* __restrict__ p) {
   constexpr int BYTES = sizeof(Pack<T, V>);
-  if constexpr (BYTES == 16 || BYTES == 8 || BYTES == 4) {
+  if constexpr (BYTES == 16 || BYTES == 4) {
     unsigned long long policy;
     asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
     unsigned u[BYTES / 4];
     if constexpr (BYTES == 16) {
       asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3]) : "l"(p), "l"(policy));
-    } else if constexpr (BYTES == 8) {
-      asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(u[0]), "=r"(u[1]) : "l"(p), "l"(policy));
     } else {
       asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(u[0]) : "l"(p), "l"(policy));
     }

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 PEERS = ("eager", "compile", "triton")
+TIMED = ("aicg", *PEERS, "copy")
 
 
 def table_rows(results: dict) -> list[dict]:
@@ -23,10 +24,10 @@ def table_rows(results: dict) -> list[dict]:
                "aicg_kernel": r.get("aicg_kernel"), "aicg_jit": r.get("aicg_jit", []),
                "validation": r.get("aicg_validation"),
                "triton_validation": r.get("triton_validation"),
-               "seconds": {k: r[k] for k in ("aicg", *PEERS, "copy") if k in r},
-               "host_seconds": {k: r[f"{k}_host"] for k in ("aicg", *PEERS, "copy") if f"{k}_host" in r},
+               "seconds": {k: r[k] for k in TIMED if k in r},
+               "host_seconds": {k: r[f"{k}_host"] for k in TIMED if f"{k}_host" in r},
                # every timed round, in order: a median hides two modes (row_sum float32 32768x4096, 2026-12-03)
-               "rounds": {k: r[f"{k}_rounds"] for k in ("aicg", *PEERS, "copy") if f"{k}_rounds" in r}}
+               "rounds": {k: r[f"{k}_rounds"] for k in TIMED if f"{k}_rounds" in r}}
         aicg = r["aicg"]
         row["tb_per_s"] = r["bytes"] / aicg / 1e12
         row["of_copy"] = (r["copy"] / aicg) * (r["bytes"] / (2 * shape[0] * shape[1] * _itemsize(dtype))) if "copy" in r else None
