@@ -83,6 +83,12 @@ RECORDED = [   # (run, summary line the table ends with)
                                            "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
     ("2026-12-03-h200-layernorm-float32-prefetch.json", "2 cases: 1 at >= 95% of the copy, 1 at >= 1.0x both "
                                                         "torch.compile and Triton, 2 validated, 2 at >= 0.9x the best peer"),
+    ("2026-12-04-h200-acceptance-18.json", "24 cases: 21 at >= 95% of the copy, 7 at >= 1.0x both torch.compile "
+                                           "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
+    ("2026-12-04-h200-grid-18-norms-float32.json", "20 cases: 6 at >= 95% of the copy, 10 at >= 1.0x both "
+                                                   "torch.compile and Triton, 20 validated, 19 at >= 0.9x the best peer"),
+    ("2026-12-04-h200-grid-18-norms-bfloat16.json", "20 cases: 6 at >= 95% of the copy, 15 at >= 1.0x both "
+                                                    "torch.compile and Triton, 20 validated, 16 at >= 0.9x the best peer"),
 ]
 
 
