@@ -10,7 +10,10 @@ pytest-benchmark is the harness; its clock is the device's: every round
 flushes the L2, queues a 0.2 ms GPU sleep (the host's launch work happens
 while it runs, so it stays out of the figure), records a CUDA event, calls,
 records another, and the clock advances by the elapsed device time between
-the two events. The flush reads a buffer twice the L2's size
+the two events. A case's contenders are timed interleaved: the first of its
+tests to run times every round of every selected contender, each round all
+of them once, in an order turned on by one each round (interleave.py), and
+each contender's test then reports its own rounds. The flush reads a buffer twice the L2's size
 (AICG_BENCH_FLUSH=read, the default), so the L2 holds clean lines when the
 timed call starts; AICG_BENCH_FLUSH=write flushes by a memset, as runs
 before 2026-12-03 did, which leaves the memset's dirty lines for the timed
@@ -47,6 +50,7 @@ import aicg  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
 
 import bench_table  # noqa: E402
+import interleave  # noqa: E402
 import peers  # noqa: E402
 
 DEVICE = driver.probe_device()
@@ -112,13 +116,16 @@ def l2_flush(mode: str):
 
 
 _inputs: dict[tuple, tuple] = {}
+_timed: dict[tuple, tuple[dict, dict]] = {}   # the case being timed -> (its calls, its rounds)
 
 
 def inputs_for(op: str, dtype: str, shape) -> tuple:
-    """The case's inputs, drawn once and shared by its contenders (the last case's are freed)."""
+    """The case's inputs, drawn once and shared by its contenders (the last case's are freed, with the
+    calls that held them)."""
     key = (op, dtype, shape)
     if key not in _inputs:
         _inputs.clear()
+        _timed.clear()
         torch.cuda.empty_cache()
         t = getattr(torch, dtype)
         x = torch.randn(shape, device="cuda").to(t)
@@ -196,11 +203,27 @@ def contender_call(instance, contender, suite, op, dtype, shape, x, inputs, flus
     return lambda: best(x, *inputs)
 
 
+def case_rounds(session, instance, case: tuple, x, inputs, flush, record) -> tuple[dict, dict]:
+    """The case's calls and every round of them, timed interleaved once per case; aicg's not where its
+    validation in this run failed (its test, a case's first, validates before asking)."""
+    if case not in _timed:
+        _timed.clear()
+        suite, op, dtype, shape = case
+        names = [c for c in interleave.selected(session.items, case, CONTENDERS)
+                 if c != "aicg" or record.get("aicg_validation", {}).get("passed", True)]
+        calls = {c: contender_call(instance, c, suite, op, dtype, shape, x, inputs, flush) for c in names}
+        for fn in calls.values():
+            for _ in range(WARMUP):
+                fn()
+        _timed[case] = calls, interleave.rounds(calls, ROUNDS, lambda fn: device_seconds(fn, flush))
+    return _timed[case]
+
+
 @pytest.mark.benchmark(timer=CLOCK, disable_gc=True, warmup=False)
 @pytest.mark.parametrize("contender", CONTENDERS)
 @pytest.mark.parametrize("suite, op, dtype, shape", CASES,
                          ids=[f"{s}-{o}-{d}-{r}x{c}" for s, o, d, (r, c) in CASES])
-def test_memory_bound(benchmark, instances, flush, suite, op, dtype, shape, contender):
+def test_memory_bound(request, benchmark, instances, flush, suite, op, dtype, shape, contender):
     instance = next((i for i in instances if op in i.ops and dtype in i.ops[op].entries), None)
     if instance is None:
         pytest.skip(f"no instance has a {op} kernel for {dtype}")
@@ -222,17 +245,18 @@ def test_memory_bound(benchmark, instances, flush, suite, op, dtype, shape, cont
         record[f"{contender}_validation"] = {"passed": ok, "worst_error_in_bounds": worst}
         if contender == "aicg":
             assert ok, f"aicg {op} {dtype} {shape}: error {worst:.3g} times the tolerance"
-    fn = contender_call(instance, contender, suite, op, dtype, shape, x, inputs, flush)
-    for _ in range(WARMUP):
-        fn()
+    calls, rounds = case_rounds(request.session, instance, (suite, op, dtype, shape), x, inputs, flush, record)
+    if contender not in rounds:
+        pytest.skip(f"{contender} was not timed in this case's rounds")
+    seconds = iter(rounds[contender])
 
     def timed():
-        CLOCK.now += device_seconds(fn, flush)
+        CLOCK.now += next(seconds)
 
     benchmark.pedantic(timed, rounds=ROUNDS, iterations=1)
     record[contender] = benchmark.stats.stats.median
     record[f"{contender}_rounds"] = list(benchmark.stats.stats.data)
-    record[f"{contender}_host"] = host_seconds(fn)
+    record[f"{contender}_host"] = host_seconds(calls[contender])
     if contender == "aicg":
         record["aicg_kernel"] = instance.ops[op].chosen.get((dtype, *shape))
     bench_table.write_json(RESULTS, l2_flush=FLUSH)
