@@ -3,6 +3,7 @@ tmp_path, and a checker for InputError messages."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,17 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def bench_module():
+    """A module of tests/bench/ by name, loaded from its file (that folder is not a package)."""
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, REPO / "tests/bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
 
 
 @pytest.fixture(scope="session")

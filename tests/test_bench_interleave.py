@@ -1,18 +1,14 @@
 """The benchmark times a case's contenders interleaved (tests/bench/interleave.py)."""
 from __future__ import annotations
 
-import importlib.util
 import statistics
 
 import pytest
 
 
 @pytest.fixture
-def interleave(repo):
-    spec = importlib.util.spec_from_file_location("interleave", repo / "tests/bench/interleave.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def interleave(bench_module):
+    return bench_module("interleave")
 
 
 CONTENDERS = ("aicg", "eager", "compile", "triton", "copy")

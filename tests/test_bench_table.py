@@ -1,17 +1,9 @@
 """The benchmark's recorded results and the tables in docs/performance.md agree."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
-
-
-def _bench_table(repo):
-    spec = importlib.util.spec_from_file_location("bench_table", repo / "tests/bench/bench_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 RECORDED = [   # (run, summary line the table ends with)
@@ -93,10 +85,10 @@ RECORDED = [   # (run, summary line the table ends with)
 
 
 @pytest.mark.parametrize("run, summary", RECORDED)
-def test_the_documented_tables_are_the_recorded_runs(repo, run, summary):
+def test_the_documented_tables_are_the_recorded_runs(repo, bench_module, run, summary):
     recorded = json.loads((repo / "docs/bench" / run).read_text())
     assert recorded["device"] == "NVIDIA H200" and recorded["date"] == run[:len("2026-12-01")]
-    table = _bench_table(repo).markdown(recorded["rows"])
+    table = bench_module("bench_table").markdown(recorded["rows"])
     assert summary in table
     docs = (repo / "docs/performance.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "×" in line]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 
@@ -137,17 +136,10 @@ def test_a_flat_walk_is_predicted_by_its_element_count_not_its_row_length(h200, 
     assert math.isclose(twice, 2 * prior(family, "bfloat16", r["params"], (largest["rows"], largest["cols"])))
 
 
-def _accuracy(repo):
-    spec = importlib.util.spec_from_file_location("plan_accuracy", repo / "tests/bench/plan_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_on_recorded_h200_timings_the_measured_prior_ranks_better_than_the_datasheet(repo, capsys):
+def test_on_recorded_h200_timings_the_measured_prior_ranks_better_than_the_datasheet(repo, bench_module, capsys):
     """tests/data/h200-accuracy.json: every legal candidate of the default workload timed on an H200,
     with the realisation profile of the same kernels (tests/data/h200-accuracy-realisation.json)."""
-    found = _accuracy(repo).report(repo / "tests/data/h200-accuracy.json", repo / "tests/data/h200-accuracy-realisation.json")
+    found = bench_module("plan_accuracy").report(repo / "tests/data/h200-accuracy.json", repo / "tests/data/h200-accuracy-realisation.json")
     measured, datasheet = found["measured"], found["datasheet"]
     assert measured["benchmarked_share"] <= 0.25
     assert measured["within_5pct"] >= 0.9 and measured["worst_slowdown"] <= 1.15

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import aicg  # noqa: E402
 import peers  # noqa: E402
-from test_memory_bound import device_seconds, l2_flush  # noqa: E402
+from test_memory_bound import device_seconds, draw_inputs, l2_flush  # noqa: E402
 
 
 def series(fn, flush, rounds: int) -> str:
@@ -43,12 +43,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     instance = aicg.load(args.instance)
-    kernel, flush, dtype = getattr(instance, args.op), l2_flush("read"), getattr(torch, args.dtype)
+    kernel, flush = getattr(instance, args.op), l2_flush("read")
+
     def fresh(shape):
         torch.cuda.empty_cache()
-        x = torch.randn(shape, device="cuda").to(dtype)
-        return x, [torch.randn(shape, device="cuda").to(dtype) if kind == "matrix"
-                   else torch.rand(shape[-1], device="cuda").add(0.5).to(dtype) for kind in peers.INPUTS[args.op]]
+        return draw_inputs(args.op, args.dtype, shape)
 
     def show(label, fn):
         print(label, series(fn, flush, args.rounds), flush=True)

@@ -127,12 +127,16 @@ def inputs_for(op: str, dtype: str, shape) -> tuple:
         _inputs.clear()
         _timed.clear()
         torch.cuda.empty_cache()
-        t = getattr(torch, dtype)
-        x = torch.randn(shape, device="cuda").to(t)
-        inputs = [torch.randn(shape, device="cuda").to(t) if kind == "matrix"
-                  else torch.rand(shape[-1], device="cuda").add(0.5).to(t) for kind in peers.INPUTS[op]]
-        _inputs[key] = (x, inputs)
+        _inputs[key] = draw_inputs(op, dtype, shape)
     return _inputs[key]
+
+
+def draw_inputs(op: str, dtype: str, shape) -> tuple:
+    """(x, the operator's other inputs): random matrices of `shape`, per-column vectors in [0.5, 1.5)."""
+    t = getattr(torch, dtype)
+    x = torch.randn(shape, device="cuda").to(t)
+    return x, [torch.randn(shape, device="cuda").to(t) if kind == "matrix"
+               else torch.rand(shape[-1], device="cuda").add(0.5).to(t) for kind in peers.INPUTS[op]]
 
 
 SLEEP_CYCLES = 400_000   # about 0.2 ms at the H200's 1.98 GHz
