@@ -81,6 +81,8 @@ RECORDED = [   # (run, summary line the table ends with)
                                                    "torch.compile and Triton, 20 validated, 19 at >= 0.9x the best peer"),
     ("2026-12-04-h200-grid-18-norms-bfloat16.json", "20 cases: 6 at >= 95% of the copy, 15 at >= 1.0x both "
                                                     "torch.compile and Triton, 20 validated, 16 at >= 0.9x the best peer"),
+    ("2026-12-04-h200-acceptance-19.json", "24 cases: 19 at >= 95% of the copy, 6 at >= 1.0x both torch.compile "
+                                           "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
 ]
 
 
