@@ -180,7 +180,7 @@ __device__ __forceinline__ void normalise_held(Held& h, const T* __restrict__ w,
   h.each([&](int, float v) { ss += v * v; });
   ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
   const float scale = reciprocal_sqrt(ss / cols + eps);
-  h.store(w, (const T*)nullptr, y, [&](int, float v, float wj, float) { return v * scale * wj; });
+  h.store(w, nullptr, y, [&](int, float v, float wj, float) { return v * scale * wj; });
 }
 
 template <int THREADS, int TOPOLOGY, int VEC, int CACHE, typename T>

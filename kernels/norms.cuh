@@ -19,7 +19,7 @@ __device__ __forceinline__ void rmsnorm(const T* __restrict__ x, const T* __rest
     r.each([&](int, float v) { ss += v * v; });
     ss = row_reduce<THREADS, TOPOLOGY>(ss, Sum());
     const float scale = reciprocal_sqrt(ss / cols + eps);
-    r.store(w, (const T*)nullptr, y + row * cols, [&](int, float v, float wj, float) { return v * scale * wj; });
+    r.store(w, nullptr, y + row * cols, [&](int, float v, float wj, float) { return v * scale * wj; });
   });
 }
 

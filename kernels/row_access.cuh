@@ -98,33 +98,43 @@ __device__ __forceinline__ Pack<T, V> load_column_pack(const T* __restrict__ p) 
   }
 }
 
-// y_j = g(j, x_j, w_j, b_j) for the V elements from `at`, x_j given as floats;
-// w and b may be null (per-column vectors), in which case g sees 1 and 0.
-template <int V, typename T, typename G>
+// A per-column vector (w, b) is given to store() as a pointer, never null, or as the literal
+// nullptr where the family has none, so that whether it is read is known when the kernel is
+// compiled (HAS_W, HAS_B below): a null test at run time made ptxas branch around each vector's
+// load and wait for it before the next one (layernorm bfloat16 t512 c4: w, then b, each a full
+// memory latency after the row's reductions).
+template <typename P> struct is_vector { enum { value = 1 }; };
+template <> struct is_vector<decltype(nullptr)> { enum { value = 0 }; };
+template <typename T> __device__ __forceinline__ const T* vector_pointer(const T* p) { return p; }
+template <typename T> __device__ __forceinline__ const T* vector_pointer(decltype(nullptr)) { return nullptr; }
+
+// y_j = g(j, x_j, w_j, b_j) for the V elements from `at`, x_j given as floats; g sees 1 for w_j
+// and 0 for b_j where the family has no such vector (HAS_W, HAS_B false: the pointer is not read).
+template <int V, bool HAS_W, bool HAS_B, typename T, typename G>
 __device__ __forceinline__ Pack<T, V> map_floats(const float (&x)[V], const T* __restrict__ w,
                                                  const T* __restrict__ b, long long at, G& g) {
   Pack<T, V> pw, pb;
-  if (w) pw = load_column_pack<V>(w + at);
-  if (b) pb = load_column_pack<V>(b + at);
+  if constexpr (HAS_W) pw = load_column_pack<V>(w + at);
+  if constexpr (HAS_B) pb = load_column_pack<V>(b + at);
   float y[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    y[k] = g((int)at + k, x[k], w ? to_float(pw.v[k]) : 1.0f, b ? to_float(pb.v[k]) : 0.0f);
+    y[k] = g((int)at + k, x[k], HAS_W ? to_float(pw.v[k]) : 1.0f, HAS_B ? to_float(pb.v[k]) : 0.0f);
   }
   return pack_floats<T, V>(y);
 }
 
-template <int V, typename T, typename G>
+template <int V, bool HAS_W, bool HAS_B, typename T, typename G>
 __device__ __forceinline__ Pack<T, V> map_pack(const Pack<T, V>& px, const T* __restrict__ w,
                                                const T* __restrict__ b, long long at, G& g) {
   float x[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) x[k] = to_float(px.v[k]);
-  return map_floats<V>(x, w, b, at, g);
+  return map_floats<V, HAS_W, HAS_B>(x, w, b, at, g);
 }
 
 // y_j = g(j, x_j, w_j, b_j) for the lane's elements of the row.
-template <int V, typename T, typename G>
+template <int V, bool HAS_W, bool HAS_B, typename T, typename G>
 __device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __restrict__ w,
                                         const T* __restrict__ b, T* __restrict__ y, int cols,
                                         int lane, int lanes, bool vectorised, G&& g) {
@@ -134,12 +144,12 @@ __device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __rest
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         const long long at = (long long)(first + u * lanes) * V;
-        store_pack<V>(y + at, map_pack<V>(px[u], w, b, at, g));
+        store_pack<V>(y + at, map_pack<V, HAS_W, HAS_B>(px[u], w, b, at, g));
       }
     });
     for (; i < packs; i += lanes) {
       const long long at = (long long)i * V;
-      store_pack<V>(y + at, map_pack<V>(load_pack<V>(x + at), w, b, at, g));
+      store_pack<V>(y + at, map_pack<V, HAS_W, HAS_B>(load_pack<V>(x + at), w, b, at, g));
     }
   } else {
     int j = lane;
@@ -150,17 +160,17 @@ __device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __rest
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         const int at = j + u * lanes;
-        y[at] = from_float<T>(g(at, to_float(v[u]), w ? to_float(w[at]) : 1.0f, b ? to_float(b[at]) : 0.0f));
+        y[at] = from_float<T>(g(at, to_float(v[u]), HAS_W ? to_float(w[at]) : 1.0f, HAS_B ? to_float(b[at]) : 0.0f));
       }
     }
     for (; j < cols; j += lanes) {
-      y[j] = from_float<T>(g(j, to_float(x[j]), w ? to_float(w[j]) : 1.0f, b ? to_float(b[j]) : 0.0f));
+      y[j] = from_float<T>(g(j, to_float(x[j]), HAS_W ? to_float(w[j]) : 1.0f, HAS_B ? to_float(b[j]) : 0.0f));
     }
   }
 }
 
 // A row as its sweeps see it: each(f) visits the lane's elements in order,
-// store(w, b, y, g) writes y = g(j, x_j, w_j, b_j). RowStream reads the row
+// store(w, b, y, g) writes y = g(j, x_j, w_j, b_j) (w and b as above). RowStream reads the row
 // from memory on every sweep; RowCache reads it once into registers. Both
 // visit a lane's elements in the same order, so they give the same bits.
 template <int V, typename T>
@@ -171,9 +181,10 @@ struct RowStream {
   bool vectorised;
   template <typename F>
   __device__ __forceinline__ void each(F&& f) const { for_each<V>(row, cols, lane, lanes, vectorised, f); }
-  template <typename G>
-  __device__ __forceinline__ void store(const T* w, const T* b, T* y, G&& g) const {
-    map_row<V>(row, w, b, y, cols, lane, lanes, vectorised, g);
+  template <typename W, typename B, typename G>
+  __device__ __forceinline__ void store(W w, B b, T* y, G&& g) const {
+    map_row<V, is_vector<W>::value, is_vector<B>::value>(row, vector_pointer<T>(w), vector_pointer<T>(b), y, cols,
+                                                         lane, lanes, vectorised, g);
   }
 };
 
@@ -280,8 +291,8 @@ struct RowCache {
     }
   }
 
-  template <typename G>
-  __device__ __forceinline__ void store(const T* w, const T* b, T* y, G&& g) const {
+  template <typename W, typename B, typename G>
+  __device__ __forceinline__ void store(W w, B b, T* y, G&& g) const {
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
       if (!holds(u)) continue;
@@ -289,7 +300,8 @@ struct RowCache {
       float x[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) x[k] = value(u, k);
-      store_pack<V>(y + at, map_floats<V>(x, w, b, at, g));
+      store_pack<V>(y + at, map_floats<V, is_vector<W>::value, is_vector<B>::value>(x, vector_pointer<T>(w),
+                                                                                    vector_pointer<T>(b), at, g));
     }
   }
 };

@@ -56,7 +56,7 @@ __device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __re
     }
     s = row_reduce<THREADS, TOPOLOGY>(s, Sum());
     const float inv = reciprocal_of_sum(s);
-    r.store((const T*)nullptr, (const T*)nullptr, y + row * cols, [&](int, float v, float, float) {
+    r.store(nullptr, nullptr, y + row * cols, [&](int, float v, float, float) {
       if constexpr (kept) return v * inv;
       else return exp_<FAST_EXP>(v - m) * inv;
     });
@@ -72,7 +72,7 @@ __device__ __forceinline__ void normalise_online(const T* __restrict__ x, T* __r
                                           [&](long long row, auto& r) {
     const MaxSum state = row_max_sum<THREADS, TOPOLOGY, FAST_EXP>(r);
     const float m = state.m, inv = LOG ? 0.0f : reciprocal_of_sum(state.s), log_s = LOG ? logf(state.s) : 0.0f;
-    r.store((const T*)nullptr, (const T*)nullptr, y + row * cols, [&](int, float v, float, float) {
+    r.store(nullptr, nullptr, y + row * cols, [&](int, float v, float, float) {
       if constexpr (LOG) return (v - m) - log_s;
       else return exp_<FAST_EXP>(v - m) * inv;
     });
@@ -98,7 +98,7 @@ __device__ __forceinline__ void log_softmax_twopass(const T* __restrict__ x, T* 
     float s = 0.0f;
     r.each([&](int, float v) { s += exp_<FAST_EXP>(v - m); });
     const float log_s = logf(row_reduce<THREADS, TOPOLOGY>(s, Sum()));
-    r.store((const T*)nullptr, (const T*)nullptr, y + row * cols,
+    r.store(nullptr, nullptr, y + row * cols,
             [&](int, float v, float, float) { return (v - m) - log_s; });
   });
 }
