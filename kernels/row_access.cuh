@@ -133,11 +133,10 @@ __device__ __forceinline__ Pack<T, V> map_pack(const Pack<T, V>& px, const T* __
   return map_floats<V, HAS_W, HAS_B>(x, w, b, at, g);
 }
 
-// y_j = g(j, x_j, w_j, b_j) for the lane's elements of the row.
 template <int V, bool HAS_W, bool HAS_B, typename T, typename G>
-__device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __restrict__ w,
-                                        const T* __restrict__ b, T* __restrict__ y, int cols,
-                                        int lane, int lanes, bool vectorised, G&& g) {
+__device__ __forceinline__ void map_row_columns(const T* __restrict__ x, const T* __restrict__ w,
+                                                const T* __restrict__ b, T* __restrict__ y, int cols,
+                                                int lane, int lanes, bool vectorised, G&& g) {
   if (V > 1 && vectorised) {
     const int packs = cols / V;
     int i = each_group<V>(x, packs, lane, lanes, [&](const Pack<T, V> (&px)[UNROLL], int first) {
@@ -169,6 +168,15 @@ __device__ __forceinline__ void map_row(const T* __restrict__ x, const T* __rest
   }
 }
 
+// y_j = g(j, x_j, w_j, b_j) for the lane's elements of the row; w and b are pointers, read, or the
+// literal nullptr (is_vector above).
+template <int V, typename T, typename W, typename B, typename G>
+__device__ __forceinline__ void map_row(const T* x, W w, B b, T* y, int cols, int lane, int lanes,
+                                        bool vectorised, G&& g) {
+  map_row_columns<V, is_vector<W>::value, is_vector<B>::value>(x, vector_pointer<T>(w), vector_pointer<T>(b), y,
+                                                               cols, lane, lanes, vectorised, g);
+}
+
 // A row as its sweeps see it: each(f) visits the lane's elements in order,
 // store(w, b, y, g) writes y = g(j, x_j, w_j, b_j) (w and b as above). RowStream reads the row
 // from memory on every sweep; RowCache reads it once into registers. Both
@@ -183,8 +191,7 @@ struct RowStream {
   __device__ __forceinline__ void each(F&& f) const { for_each<V>(row, cols, lane, lanes, vectorised, f); }
   template <typename W, typename B, typename G>
   __device__ __forceinline__ void store(W w, B b, T* y, G&& g) const {
-    map_row<V, is_vector<W>::value, is_vector<B>::value>(row, vector_pointer<T>(w), vector_pointer<T>(b), y, cols,
-                                                         lane, lanes, vectorised, g);
+    map_row<V>(row, w, b, y, cols, lane, lanes, vectorised, g);
   }
 };
 

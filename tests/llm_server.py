@@ -17,7 +17,7 @@ float s = 0.0f;
 aicg::for_each<1>(xr, cols, G::lane(), G::lanes, false, [&](int, float v) { s += expf(v - m); });
 s = aicg::row_reduce<THREADS, TOPOLOGY>(s, aicg::Sum());
 const float inv = 1.0f / s;
-aicg::map_row<1>(xr, (const T*)nullptr, (const T*)nullptr, y + row * cols, cols, G::lane(), G::lanes, false,
+aicg::map_row<1>(xr, nullptr, nullptr, y + row * cols, cols, G::lane(), G::lanes, false,
                  [&](int, float v, float, float) { return expf(v - m) * SCALE; });
 """
 

@@ -43,7 +43,8 @@ def test_a_rule_used_but_not_declared_is_rejected(shipped_ruleset, tolerance):
                                                                     shipped_ruleset, *tolerance))
 
 
-@pytest.mark.parametrize("bad", ['#include <cstdio>', 'asm("trap;");', 'other<<<1, 1>>>();', 'cudaMalloc(0, 0);'])
+@pytest.mark.parametrize("bad", ['#include <cstdio>', 'asm("trap;");', 'other<<<1, 1>>>();', 'cudaMalloc(0, 0);',
+                                 'const T* w = (const T*)nullptr;', 'auto b = (aicg::bf16 *) 0;'])
 def test_a_body_that_reaches_outside_device_code_is_rejected(shipped_ruleset, tolerance, bad):
     reasons = proposals.check(source(CORRECT + bad, ["tree_reduction"]), "softmax", "float32", shipped_ruleset, *tolerance)
     assert reasons and "the body contains" in reasons[0]

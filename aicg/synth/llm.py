@@ -32,7 +32,8 @@ which aicg launches itself:
 Device code only: no #include, no asm, no kernel launches, no CUDA runtime calls. The headers
 {headers} are included; useful pieces: aicg::RowGroup<THREADS, TOPOLOGY> (row(), lane(), lanes),
 aicg::for_each<VEC>(row_ptr, cols, lane, lanes, vectorised, f), aicg::map_row<VEC>(x, w, b, y, cols,
-lane, lanes, vectorised, g), aicg::row_reduce<THREADS, TOPOLOGY>(value, op) with aicg::Sum / aicg::Max,
+lane, lanes, vectorised, g) (w, b: per-column vectors, read, or the literal nullptr where there are none:
+g then sees 1 and 0), aicg::row_reduce<THREADS, TOPOLOGY>(value, op) with aicg::Sum / aicg::Max,
 aicg::to_float, aicg::from_float<T>. The launch has ceil(rows / rows_per_block) blocks of THREADS
 threads, rows_per_block = THREADS / lanes (lanes: 32 for topology "warp", THREADS for "block", 1 for
 "thread"). Row r of x starts at x + r * x_stride (x_stride >= cols: x may be a slice of a wider

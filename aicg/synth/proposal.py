@@ -32,6 +32,9 @@ FORBIDDEN = {
     r"__host__|__global__": "a host function or another entry point",
     r"\basm\b": "inline assembly (its effect cannot be checked)",
     r"#\s*line": "a #line directive",
+    # map_row and store read every pointer they are given: an absent w or b is the literal nullptr
+    r"\(\s*(?:const\s+)?[\w:]+\s*\*\s*\)\s*(?:nullptr|NULL|0)\b":
+        "a null pointer cast to a pointer type (an absent w or b is the literal nullptr; a pointer is read)",
 }
 
 
