@@ -217,6 +217,8 @@ def _combinations(family: Family):
 
 def runnable_params(family: Family, dtype_name: str, hw: dict):
     """Every parameter combination of `family` the target can run in `dtype` (rules aside)."""
+    if not family.realises(dtype_name):
+        return
     dtype = DTYPES[dtype_name]
     for p in _combinations(family):
         if p["threads"] > hw["max_threads_per_block"] or p["threads"] % 32:
@@ -292,7 +294,8 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
     for family in families:
         for dtype_name in dtypes:
             legality = legalities[dtype_name]
-            if not legality.families[family.name].legal:
+            decision = legality.families.get(family.name)   # absent: the family does not realise the dtype
+            if decision is None or not decision.legal:
                 continue
             dtype = DTYPES[dtype_name]
             pool = []

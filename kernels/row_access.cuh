@@ -298,6 +298,28 @@ struct RowCache {
     }
   }
 
+  // update(), each result rounded to the slot's type: a 16-bit row held as loaded keeps values its
+  // floats would not have registers for (softmax's exps: rule rounded_intermediates), one more
+  // rounding each. Pairs are rounded together, each half on its own, as pack_floats() does.
+  template <typename F>
+  __device__ __forceinline__ void update_rounded(F&& f) {
+#pragma unroll
+    for (int u = 0; u < CACHE; ++u) {
+      if (!holds(u)) continue;
+      if constexpr (PAIRED) {
+#pragma unroll
+        for (int k = 0; k < V; k += 2) {
+          const float lo = f(start(u) + k, value(u, k));   // in element order, as each() visits them
+          const float hi = f(start(u) + k + 1, value(u, k + 1));
+          slot[u].v[k / 2] = round_pair(lo, hi, T{});
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) slot[u].v[k] = from_float<Slot>(f(start(u) + k, value(u, k)));
+      }
+    }
+  }
+
   template <typename W, typename B, typename G>
   __device__ __forceinline__ void store(W w, B b, T* y, G&& g) const {
 #pragma unroll

@@ -39,28 +39,46 @@ __device__ __forceinline__ MaxSum row_max_sum(R& r) {
 // 128 registers and one block to an SM, 176.5 us at 4096x32768 on the H200;
 // computing again, 64 registers, two blocks, 146.5 us). Either way the
 // values, and so the bits, are those a streamed row computes twice.
-template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
-__device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
-                                                int rows, int cols, int x_stride) {
+// ROUNDED (softmax_rounded_exps): that longer 16-bit row keeps its exps instead, rounded to its
+// type in the slots that held x, so the write computes no exp; each output is rounded twice.
+template <bool ROUNDED, typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void softmax_sweeps(const T* __restrict__ x, T* __restrict__ y,
+                                               int rows, int cols, int x_stride) {
   constexpr bool KEEP_EXP = sizeof(T) == sizeof(float) || CACHE * VEC <= 32;
   each_row<THREADS, TOPOLOGY, VEC, CACHE, KEEP_EXP>(x, rows, cols, x_stride,
                                                     rows_vectorisable<VEC>(cols, x_stride, x, y),
                                                     [&](long long row, auto& r) {
-    constexpr bool kept = KEEP_EXP && held_in_registers<decltype(r)>::value;
+    constexpr bool held = held_in_registers<decltype(r)>::value;
+    constexpr bool kept = KEEP_EXP && held, rounded = ROUNDED && !KEEP_EXP && held;
     const float m = row_shift<THREADS, TOPOLOGY>(r);
     float s = 0.0f;
+    const auto exp_summed = [&](int, float v) { const float e = exp_<FAST_EXP>(v - m); s += e; return e; };
     if constexpr (kept) {
-      r.update([&](int, float v) { const float e = exp_<FAST_EXP>(v - m); s += e; return e; });
+      r.update(exp_summed);
+    } else if constexpr (rounded) {
+      r.update_rounded(exp_summed);
     } else {
-      r.each([&](int, float v) { s += exp_<FAST_EXP>(v - m); });
+      r.each(exp_summed);
     }
     s = row_reduce<THREADS, TOPOLOGY>(s, Sum());
     const float inv = reciprocal_of_sum(s);
     r.store(nullptr, nullptr, y + row * cols, [&](int, float v, float, float) {
-      if constexpr (kept) return v * inv;
+      if constexpr (kept || rounded) return v * inv;
       else return exp_<FAST_EXP>(v - m) * inv;
     });
   });
+}
+
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void softmax_twopass(const T* __restrict__ x, T* __restrict__ y,
+                                                int rows, int cols, int x_stride) {
+  softmax_sweeps<false, T, THREADS, VEC, TOPOLOGY, FAST_EXP, CACHE>(x, y, rows, cols, x_stride);
+}
+
+template <typename T, int THREADS, int VEC, int TOPOLOGY, bool FAST_EXP, int CACHE>
+__device__ __forceinline__ void softmax_rounded_exps(const T* __restrict__ x, T* __restrict__ y,
+                                                     int rows, int cols, int x_stride) {
+  softmax_sweeps<true, T, THREADS, VEC, TOPOLOGY, FAST_EXP, CACHE>(x, y, rows, cols, x_stride);
 }
 
 // Two sweeps: (max, sum) together as an online state, then write

@@ -10,23 +10,7 @@ import re
 import pytest
 
 from aicg import codegen, nvrtc
-
-
-def ptx_of(source: str, headers: dict[str, bytes]) -> str:
-    bindings = nvrtc.bindings()
-    names = list(headers)
-    prog = nvrtc._check(bindings.nvrtcCreateProgram(source.encode(), b"vectors.cu", len(names),
-                                                    [headers[n] for n in names], [n.encode() for n in names]),
-                        "create program")
-    try:
-        options = [b"-arch=compute_90", b"-std=c++17", b"-default-device"]
-        (err,) = bindings.nvrtcCompileProgram(prog, len(options), options)
-        assert err == bindings.nvrtcResult.NVRTC_SUCCESS, nvrtc._program_log(prog)
-        ptx = bytearray(nvrtc._check(bindings.nvrtcGetPTXSize(prog), "PTX size"))
-        nvrtc._check(bindings.nvrtcGetPTX(prog, ptx), "get PTX")
-    finally:
-        bindings.nvrtcDestroyProgram(prog)
-    return ptx.rstrip(b"\0").decode()
+from ptx import ptx_of
 
 
 def null_tests(ptx: str, param: int) -> list[str]:

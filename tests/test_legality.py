@@ -64,6 +64,10 @@ CASES = [
     ("reduced_precision_operands", "matmul", "fast", {}, True, "error_bound", {"dtype": "float32", "added": 9.8e-4}, True),
     ("reduced_precision_operands", "matmul", "tolerance", {}, False, "error_bound", {"dtype": "float32"}, False),
     ("reduced_precision_operands", "matmul", "tolerance", {"dtype": "bfloat16"}, True, "error_bound", {"dtype": "bfloat16"}, True),
+    ("rounded_intermediates", "softmax", "tolerance", {"dtype": "float16"}, True, "error_bound", {"dtype": "float16", "added": 4.89e-4}, True),
+    ("rounded_intermediates", "softmax", "deterministic", {"dtype": "bfloat16"}, True, "axis", {"axis": "order"}, True),
+    ("rounded_intermediates", "softmax", "bitwise", {"dtype": "bfloat16"}, False, "axis", {"axis": "order"}, False),
+    ("rounded_intermediates", "softmax", "tolerance", {"dtype": "float16", "rtol": 4e-4}, False, "error_bound", {"dtype": "float16"}, False),
     ("split_k", "matmul", "deterministic", {}, True, "property", {"property": "split_k_decomposable"}, True),
     ("split_k", "matmul", "bitwise", {}, False, "axis", {"axis": "order"}, False),
 ]
@@ -113,8 +117,14 @@ def test_bitwise_keeps_the_exact_and_the_sequential_families(shipped_ruleset, op
 @pytest.mark.parametrize("preset", ["deterministic", "tolerance", "fast"])
 def test_every_family_is_legal_once_order_may_change(shipped_ruleset, preset):
     for op in ["softmax", "row_sum", "row_max", "rmsnorm", "layernorm"]:
-        result = decide(shipped_ruleset, op, preset)
-        assert sorted(result.legal_families()) == sorted(f.name for f in shipped_ruleset.families_of(op))
+        for dtype in ["float32", "bfloat16"]:
+            result = decide(shipped_ruleset, op, preset, dtype=dtype)
+            assert sorted(result.legal_families()) == sorted(f.name for f in shipped_ruleset.families_of(op, dtype))
+
+
+def test_a_family_is_decided_only_in_the_dtypes_it_realises(shipped_ruleset):
+    assert "softmax_rounded_exps" not in decide(shipped_ruleset, "softmax", "tolerance", dtype="float32").families
+    assert decide(shipped_ruleset, "softmax", "tolerance", dtype="bfloat16").families["softmax_rounded_exps"].legal
 
 
 def test_a_family_cites_each_rule_it_uses(shipped_ruleset):

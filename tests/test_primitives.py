@@ -26,13 +26,18 @@ def h200(repo, shipped_ruleset):
 def test_the_recorded_profile_covers_every_runnable_realisation_of_its_families(h200, shipped_ruleset):
     _, inputs, recorded, _ = h200
     ids = {r["id"] for r in recorded.records}
-    assert {c.id for c in lab.configurations(shipped_ruleset, inputs)} == ids
-    assert {r["family"] for r in recorded.records} == set(shipped_ruleset.families)
+    measured = {r["family"] for r in recorded.records}
+    # a family the lab has not measured yet is ranked by its twin's measurements (families.toml timed_like)
+    unmeasured = set(shipped_ruleset.families) - measured
+    assert all(shipped_ruleset.families[f].timed_like in measured for f in unmeasured), unmeasured
+    assert measured <= set(shipped_ruleset.families)
+    assert {c.id for c in lab.configurations(shipped_ruleset, inputs) if c.family in measured} == ids
     assert recorded.provenance["device"] == "NVIDIA H200" and recorded.provenance["date"]
     lengths: dict[str, set[int]] = {}
     for r in recorded.records:
         lengths.setdefault(r["id"], set()).add(r["cols"])
-    assert lengths == {c.id: set(lab.row_lengths(c)) for c in lab.configurations(shipped_ruleset, inputs)}
+    assert lengths == {c.id: set(lab.row_lengths(c)) for c in lab.configurations(shipped_ruleset, inputs)
+                       if c.family in measured}
     # what the next run needs to keep the realisations whose cubins are unchanged
     assert lab.same_method(recorded.provenance["lab"], lab.method("NVIDIA H200", recorded.provenance["driver"]))
     assert set(recorded.provenance["cubins"]) == set(recorded.provenance["measured_on"]) == ids

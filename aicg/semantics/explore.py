@@ -40,6 +40,9 @@ def _legality_table(op: str, ruleset) -> str:
         for preset in ruleset.presets.values():
             for dtype in DTYPES:
                 pres = Preservation(preset.name, preset.axes, preset.tolerance)
+                if not family.realises(dtype):
+                    cells += "<td class='no' title='not realised in this dtype (families.toml dtypes)'>-</td>"
+                    continue
                 legality = decide(op, dtype, ruleset, pres, RuleChoice(frozenset(), None))
                 blocking = [f for r in family.rules for f in legality.rules[r].facts if not f.ok]
                 cells += _cell(type(legality.families[family.name])(not blocking, tuple(blocking)))

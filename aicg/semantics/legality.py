@@ -9,7 +9,8 @@ A rule is legal for (operator, dtype) when
      property holds in real arithmetic only, what it needs `inexact`ly;
   4. the error it adds (`added_error`) fits the profile's rtol for the dtype;
   5. it is deterministic, or the profile does not demand determinism.
-A family is legal when every rule it always uses is legal. When no family is
+A family is legal when every rule it always uses is legal; a family that does
+not realise the dtype (families.toml `dtypes`) is not considered at all. When no family is
 legal the answer carries a hint: what blocked each family, and the axis
 values that would admit one.
 
@@ -180,7 +181,8 @@ def _reason(rule: str, decision: Decision) -> str:
 
 def _hint(op: str, dtype: str, rules: dict[str, Decision], families: list, ruleset: RuleSet) -> str:
     if not families:
-        return f"no kernel family implements {op} yet: add one to rulesets/families.toml with its template in kernels/"
+        return (f"no kernel family implements {op} in {dtype} yet: add one to rulesets/families.toml with its "
+                f"template in kernels/")
     reasons: dict[str, None] = {}
     changes: dict[str, object] = {}
     for family in families:
@@ -199,7 +201,7 @@ def _hint(op: str, dtype: str, rules: dict[str, Decision], families: list, rules
 
 def decide(op_name: str, dtype: str, ruleset: RuleSet, pres: Preservation, choice: RuleChoice) -> Legality:
     op = ruleset.ops[op_name]
-    families = ruleset.families_of(op_name)
+    families = ruleset.families_of(op_name, dtype)
     used = sorted({r for f in families for r in f.rules} | {p.rule for f in families for p in f.param_rules})
     rules = {r: decide_rule(ruleset.rules[r], op, dtype, ruleset, pres, choice) for r in used}
     fams = {f.name: Decision(all(rules[r].legal for r in f.rules),

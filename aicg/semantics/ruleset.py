@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import tomlfile
+from ..dtypes import DTYPES
 
 HOLDS = {"real", "exact"}
 # How a family template may split a row over threads (aicg/codegen.py maps each to kernels/reduce.cuh).
@@ -128,12 +129,17 @@ class Family:
     params: dict[str, tuple]
     param_rules: tuple[ParamRule, ...]
     timed_like: str | None = None   # a family of the same sweeps whose lab measurements stand in until its own
+    dtypes: tuple[str, ...] | None = None   # the element types it realises; None: every one
+
+    def realises(self, dtype: str) -> bool:
+        return self.dtypes is None or dtype in self.dtypes
 
     def as_record(self) -> dict:
         return {"op": self.op, "summary": self.summary, "header": self.header, "function": self.function,
                 "rules": list(self.rules), "sweeps": self.sweeps,
                 "params": {k: list(v) for k, v in self.params.items()},
-                "param_rules": [vars(p) for p in self.param_rules], "timed_like": self.timed_like}
+                "param_rules": [vars(p) for p in self.param_rules], "timed_like": self.timed_like,
+                "dtypes": None if self.dtypes is None else list(self.dtypes)}
 
 
 @dataclass(frozen=True)
@@ -147,8 +153,9 @@ class RuleSet:
     families: dict[str, Family]
     rounding: Rounding
 
-    def families_of(self, op: str) -> list[Family]:
-        return [f for f in self.families.values() if f.op == op]
+    def families_of(self, op: str, dtype: str | None = None) -> list[Family]:
+        """The families of `op`; given a dtype, those that realise it."""
+        return [f for f in self.families.values() if f.op == op and (dtype is None or f.realises(dtype))]
 
 
 def _properties(table: tomlfile.Table) -> dict[str, Property]:
@@ -291,6 +298,13 @@ def _family_fields(t: tomlfile.Table, base: dict, rules: dict[str, Rule]) -> dic
     return fields
 
 
+def _dtypes(t: tomlfile.Table) -> tuple[str, ...] | None:
+    names = t.get("dtypes", list, default=None, item=str, choices=set(DTYPES))
+    if names is not None and not names:
+        raise t.error("dtypes", "at least one element type (leave the key out for every one)", names)
+    return None if names is None else tuple(names)
+
+
 def _load_families(path: Path, ops: dict[str, OpSemantics], rules: dict[str, Rule]) -> dict[str, Family]:
     doc = tomlfile.read(path)
     doc.get("schema", int, choices={1})
@@ -307,7 +321,8 @@ def _load_families(path: Path, ops: dict[str, OpSemantics], rules: dict[str, Rul
         families[name] = Family(
             name, t.get("op", str, choices=set(ops)), t.get("summary", str), t.get("header", str),
             t.get("function", str), tuple(t.get("rules", list, item=str, choices=set(rules))),
-            t.get("sweeps", int), params, fields.get("param_rules", ()), t.get("timed_like", str, default=None))
+            t.get("sweeps", int), params, fields.get("param_rules", ()), t.get("timed_like", str, default=None),
+            _dtypes(t))
         t.done()
     doc.done()
     return families
