@@ -5,6 +5,7 @@
 // cols, so results are bitwise reproducible from run to run.
 #pragma once
 #include "aicg_types.cuh"
+#include "phases.cuh"
 
 namespace aicg {
 
@@ -127,7 +128,10 @@ __device__ __forceinline__ State row_reduce(State v, Op op) {
                                        : ((1u << width) - 1) << ((threadIdx.x % 32) & ~(width - 1));
 #pragma unroll
   for (int offset = width / 2; offset > 0; offset >>= 1) v = op(v, shfl_xor(v, offset, members));
-  if (lanes <= 32) return v;
+  if (lanes <= 32) {
+    phase_mark(PHASE_REDUCTION);
+    return v;
+  }
 
   constexpr int warps = THREADS / 32;
   __shared__ State partial[warps];
@@ -138,7 +142,8 @@ __device__ __forceinline__ State row_reduce(State v, Op op) {
 #pragma unroll
   for (int i = 1; i < warps; ++i) total = op(total, partial[i]);
   __syncthreads();  // partial[] is reused by the row's next reduction
-  if constexpr (RowGroup<THREADS, TOPOLOGY>::blocks > 1) return cluster_reduce<RowGroup<THREADS, TOPOLOGY>::blocks>(total, op);
+  if constexpr (RowGroup<THREADS, TOPOLOGY>::blocks > 1) total = cluster_reduce<RowGroup<THREADS, TOPOLOGY>::blocks>(total, op);
+  phase_mark(PHASE_REDUCTION);
   return total;
 }
 

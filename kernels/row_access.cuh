@@ -2,6 +2,7 @@
 // every row start is aligned for it, one element per access otherwise.
 #pragma once
 #include "aicg_types.cuh"
+#include "phases.cuh"
 #include "reduce.cuh"
 
 namespace aicg {
@@ -188,10 +189,14 @@ struct RowStream {
   int cols, lane, lanes;
   bool vectorised;
   template <typename F>
-  __device__ __forceinline__ void each(F&& f) const { for_each<V>(row, cols, lane, lanes, vectorised, f); }
+  __device__ __forceinline__ void each(F&& f) const {
+    for_each<V>(row, cols, lane, lanes, vectorised, f);
+    phase_mark(PHASE_SWEEP);
+  }
   template <typename W, typename B, typename G>
   __device__ __forceinline__ void store(W w, B b, T* y, G&& g) const {
     map_row<V>(row, w, b, y, cols, lane, lanes, vectorised, g);
+    phase_mark(PHASE_WRITE);
   }
 };
 
@@ -284,6 +289,7 @@ struct RowCache {
 #pragma unroll
       for (int k = 0; k < V; ++k) f(start(u) + k, value(u, k));
     }
+    phase_mark(PHASE_SWEEP);
   }
 
   // Replace every held x_j by f(j, x_j), visiting elements in the order of each().
@@ -296,6 +302,7 @@ struct RowCache {
 #pragma unroll
       for (int k = 0; k < V; ++k) slot[u].v[k] = f(start(u) + k, slot[u].v[k]);
     }
+    phase_mark(PHASE_SWEEP);
   }
 
   // update(), each result rounded to the slot's type: a 16-bit row held as loaded keeps values its
@@ -318,6 +325,7 @@ struct RowCache {
         for (int k = 0; k < V; ++k) slot[u].v[k] = from_float<Slot>(f(start(u) + k, value(u, k)));
       }
     }
+    phase_mark(PHASE_SWEEP);
   }
 
   template <typename W, typename B, typename G>
@@ -332,6 +340,7 @@ struct RowCache {
       store_pack<V>(y + at, map_floats<V, is_vector<W>::value, is_vector<B>::value>(x, vector_pointer<T>(w),
                                                                                     vector_pointer<T>(b), at, g));
     }
+    phase_mark(PHASE_WRITE);
   }
 };
 
@@ -397,10 +406,12 @@ __device__ __forceinline__ void hold_row(const T* row, int cols, int lane, int l
   if (UNTESTED_FULL_ROWS && AICG_MIN_BLOCKS == 0 && cols == lanes * V * CACHE) {
     const RowCache<V, CACHE, T, true> held(row, cols, lane, lanes);
     then();
+    phase_mark(PHASE_SET_UP);
     as_held<FLOATS>(held, body);
   } else {
     const RowCache<V, CACHE, T, false> held(row, cols, lane, lanes);
     then();
+    phase_mark(PHASE_SET_UP);
     as_held<FLOATS>(held, body);
   }
 }
@@ -414,6 +425,7 @@ __device__ __forceinline__ void with_row(const T* row, int cols, int lane, int l
     }
   }
   RowStream<V, T> streamed{row, cols, lane, lanes, vectorised};
+  phase_mark(PHASE_SET_UP);
   body(streamed);
 }
 
@@ -502,6 +514,7 @@ template <int THREADS, int TOPOLOGY, int V, int CACHE, bool FLOATS = false, type
 __device__ __forceinline__ void each_row(const T* x, int rows, int cols, int x_stride, bool vectorised, Body&& body) {
   using G = RowGroup<THREADS, TOPOLOGY>;
   constexpr int R = G::rows_per_thread;
+  phase_mark(PHASE_START);
   if constexpr (R == 1) {
     const long long row = G::row();
     if (row >= rows) return;  // whole row groups leave together: no barrier is skipped

@@ -87,6 +87,8 @@ RECORDED = [   # (run, summary line the table ends with)
                                                  "torch.compile and Triton, 8 validated, 8 at >= 0.9x the best peer"),
     ("2026-12-04-h200-grid-20-norms-latency.json", "8 cases: 4 at >= 95% of the copy, 0 at >= 1.0x both "
                                                    "torch.compile and Triton, 8 validated, 2 at >= 0.9x the best peer"),
+    ("2026-12-04-h200-acceptance-21.json", "24 cases: 20 at >= 95% of the copy, 6 at >= 1.0x both torch.compile "
+                                           "and Triton, 24 validated, 24 at >= 0.9x the best peer"),
 ]
 
 
