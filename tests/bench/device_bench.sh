@@ -7,6 +7,7 @@
 #   PROFILES="rulesets/profiles/default.toml rulesets/profiles/fused.toml"
 #   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300  GRID_SELECT="4194304x1 or 1x65536" (a -k expression)
 #   FLUSHES="read write"     (each bench once per L2 flush, AICG_BENCH_FLUSH: test_memory_bound.py's docstring)
+#   PHASES="rmsnorm_tree.bfloat16.t512.v16.block.c4 ..."  PHASES_SHAPE=1x4096   (tests/bench/phases.py first)
 # Results go to $OUT (or ./device-out): the realisation profile, the bench JSONs, instances.tgz and
 # logs.tgz (every log, refreshed after each step), no more than six files, so that a node that
 # returns few files returns them all. Carried wheels in .whl/ are installed first.
@@ -21,6 +22,10 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 PROFILES=${PROFILES:-rulesets/profiles/default.toml}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOGS/gpu.txt"
 python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$LOGS/gpu.txt"
+if [ -n "${PHASES:-}" ]; then
+  timeout "${PHASES_SECONDS:-120}" python3 tests/bench/phases.py --shape "${PHASES_SHAPE:-1x4096}" $PHASES 2>&1 | tee "$LOGS/phases.log"
+  keep_logs
+fi
 if [ "${PRIMITIVES_SECONDS:-0}" -gt 0 ]; then
   timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives 2>&1 | tee "$LOGS/primitives.log" | tail -45
   cp hwdb/*.realisation*.json "$OUT/" 2>/dev/null
