@@ -328,25 +328,17 @@ struct RowCache {
     phase_mark(PHASE_SWEEP);
   }
 
-  // With per-column vectors, a slot the lane does not hold reads column 0's packs of them (always
-  // there) and maps zeros, and only its store is skipped: with no branch around the loads, ptxas
-  // can issue every slot's loads before the first result needs one. In a branch of its own each
-  // slot's loads waited for the slot before to be stored, one memory latency a held slot in a
-  // row's write (NVRTC 13.0.88, the tested path of rmsnorm and layernorm).
   template <typename W, typename B, typename G>
   __device__ __forceinline__ void store(W w, B b, T* y, G&& g) const {
-    constexpr bool VECTORS = is_vector<W>::value || is_vector<B>::value;
 #pragma unroll
     for (int u = 0; u < CACHE; ++u) {
-      if (!VECTORS && !holds(u)) continue;
-      const bool here = holds(u);
-      const int at = here ? start(u) : 0;
+      if (!holds(u)) continue;
+      const int at = start(u);
       float x[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) x[k] = here ? value(u, k) : 0.0f;
-      const Pack<T, V> out = map_floats<V, is_vector<W>::value, is_vector<B>::value>(x, vector_pointer<T>(w),
-                                                                                     vector_pointer<T>(b), at, g);
-      if (here) store_pack<V>(y + at, out);
+      for (int k = 0; k < V; ++k) x[k] = value(u, k);
+      store_pack<V>(y + at, map_floats<V, is_vector<W>::value, is_vector<B>::value>(x, vector_pointer<T>(w),
+                                                                                    vector_pointer<T>(b), at, g));
     }
     phase_mark(PHASE_WRITE);
   }
