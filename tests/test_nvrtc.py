@@ -100,11 +100,11 @@ def test_a_syntax_error_in_a_header_names_its_file_and_line(tmp_path, shipped_ru
 def test_include_closure_follows_includes_transitively(kernels):
     # From the #include lines of kernels/*.cuh.
     assert set(nvrtc.include_closure("softmax.cuh", kernels)) == {
-        "softmax.cuh", "ieee.cuh", "online_softmax.cuh", "reduce.cuh", "row_access.cuh", "aicg_types.cuh"}
+        "softmax.cuh", "ieee.cuh", "online_softmax.cuh", "reduce.cuh", "row_access.cuh", "aicg_types.cuh", "phases.cuh"}
     assert set(nvrtc.include_closure("norms.cuh", kernels)) == {
-        "norms.cuh", "ieee.cuh", "reduce.cuh", "row_access.cuh", "welford.cuh", "aicg_types.cuh"}
+        "norms.cuh", "ieee.cuh", "reduce.cuh", "row_access.cuh", "welford.cuh", "aicg_types.cuh", "phases.cuh"}
     closure = nvrtc.include_closure("row_reduce.cuh", kernels)
-    assert set(closure) == {"row_reduce.cuh", "reduce.cuh", "row_access.cuh", "aicg_types.cuh"}
+    assert set(closure) == {"row_reduce.cuh", "reduce.cuh", "row_access.cuh", "aicg_types.cuh", "phases.cuh"}
     assert all(closure[name] == (kernels / name).read_bytes() for name in closure)
 
 
