@@ -294,8 +294,7 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
     for family in families:
         for dtype_name in dtypes:
             legality = legalities[dtype_name]
-            decision = legality.families.get(family.name)   # absent: the family does not realise the dtype
-            if decision is None or not decision.legal:
+            if not family.realises(dtype_name) or not legality.families[family.name].legal:
                 continue
             dtype = DTYPES[dtype_name]
             pool = []

@@ -193,14 +193,18 @@ class Kernel:
         attr = getattr(_cu().CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
         return check(_cu().cuFuncGetAttribute(attr, self.function))
 
+    def _global(self, name: str) -> tuple[int, int]:
+        """(device address, bytes) of the module's __device__ variable `name`."""
+        return check(_cu().cuModuleGetGlobal(self.module, name.encode()))
+
     def zero_global(self, name: str) -> None:
         """Set every byte of the module's __device__ variable `name` to zero."""
-        address, size = check(_cu().cuModuleGetGlobal(self.module, name.encode()))
+        address, size = self._global(name)
         check(_cu().cuMemsetD8(address, 0, size))
 
     def read_global(self, name: str, dtype, count: int) -> np.ndarray:
         """The first `count` elements of the module's __device__ variable `name`."""
-        address, size = check(_cu().cuModuleGetGlobal(self.module, name.encode()))
+        address, size = self._global(name)
         out = np.empty(count, dtype=dtype)
         if out.nbytes > size:
             raise ValueError(f"{name} holds {size} bytes, not the {out.nbytes} asked for")
