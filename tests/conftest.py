@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def bench_module():
     def load(name: str):
         spec = importlib.util.spec_from_file_location(name, REPO / "tests/bench" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module   # where dataclasses look a module's names up
         spec.loader.exec_module(module)
         return module
     return load
