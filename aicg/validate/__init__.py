@@ -90,6 +90,16 @@ def time_on_device(kernels: list[tuple[bytes, dict]], hardware: Hardware, op: st
     return check.time_kernels(kernels, op, dtype, shape, repetitions, dev)
 
 
+def same_bits_on_device(kernels: list[tuple[bytes, dict]], hardware: Hardware, op: str, dtype: str,
+                        shapes) -> list[bool] | None:
+    """check.same_bits on this machine's GPU; None unless it is the target."""
+    dev = driver.probe_device()
+    if _not_the_target(dev, hardware):
+        return None
+    from . import check
+    return check.same_bits(kernels, op, dtype, shapes)
+
+
 def why_failed(report: dict) -> str:
     """What a failed validation report found first, in a line ("" for a pass or no verdict)."""
     if report["status"] != "failed":

@@ -275,6 +275,29 @@ def time_shape(kernel, op, dtype, params, shape, repetitions, flush: driver.Buff
             "bytes_per_second": moved / seconds, "repetitions": repetitions}
 
 
+def same_bits(kernels: list[tuple[bytes, dict]], op_name: str, dtype_name: str, shapes) -> list[bool]:
+    """For each shape ((rows, cols) or (rows, cols, row stride)), whether every (cubin, params) wrote
+    the bytes the first wrote, all of them run on one fresh draw of inputs into a poisoned output:
+    a kernel change that claims to keep the bits, checked."""
+    op, dtype = OPERATORS[op_name], DTYPES[dtype_name]
+    rng = np.random.default_rng()
+    loaded = [(driver.Kernel(cubin, codegen.ENTRY), params) for cubin, params in kernels]
+    try:
+        verdicts = []
+        for rows, cols, *stride in shapes:
+            buffers = Buffers(op, dtype, rows, cols, *stride)
+            try:
+                buffers.upload(draw(op, dtype, rows, cols, len(verdicts), rng))
+                first, *others = [buffers.run_poisoned(kernel, params).tobytes() for kernel, params in loaded]
+                verdicts.append(all(other == first for other in others))
+            finally:
+                buffers.free()
+        return verdicts
+    finally:
+        for kernel, _ in loaded:
+            kernel.unload()
+
+
 def time_kernels(kernels: list[tuple[bytes, dict]], op_name: str, dtype_name: str, shape, repetitions: int,
                  device) -> list[float]:
     """Median seconds of each (cubin, params) on one shape, on the same inputs, L2 flushed before each run."""

@@ -9,8 +9,11 @@ longest its order keeps the bound on, as a build checks it) under a preservation
 --kernels takes the headers from another directory (an earlier commit's kernels/, say); given more
 than once, each candidate is built with each directory's headers, every build checked, and the
 builds that passed timed side by side at each shape (in order, then reversed: a median each way),
-so that a change and what it replaces are timed in the same run. --quick checks on the awkward shapes only (no float64
-reference of the large shapes on the host). Exits non-zero if any candidate fails.
+so that a change and what it replaces are timed in the same run. --same-bits also runs the builds that
+passed on one fresh input a shape (the awkward shapes and the given ones, --quick or not) and fails a
+candidate whose builds wrote different bytes: for a change that claims to keep the bits. --quick
+checks on the awkward shapes only (no float64 reference of the large shapes on the host). Exits
+non-zero if any candidate fails.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ def main() -> int:
     parser.add_argument("--preset", default="tolerance")
     parser.add_argument("--kernels", type=Path, action="append")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--same-bits", action="store_true")
     parser.add_argument("--repetitions", type=int, default=10)
     args = parser.parse_args()
     shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
@@ -87,6 +91,14 @@ def main() -> int:
             if len(passed) < len(built):
                 print(f"  timed: {', '.join(str(kernels) for kernels, _ in passed)} (the others failed)")
             cubins = [(cubin, params) for _, cubin in passed]
+            if args.same_bits:
+                compared = accuracy.clip_shapes(validate.AWKWARD_SHAPES + shapes, longest)   # --quick or not
+                same = validate.same_bits_on_device(cubins, hardware, family.op, dtype, compared)
+                differ = [s for s, equal in zip(compared, same or []) if not equal]
+                failed += same is None or bool(differ)
+                print("  same bits: " + ("no GPU of the target here" if same is None else
+                                         f"yes, on all {len(same)} shapes" if not differ else
+                                         "NO, at " + ", ".join("x".join(map(str, s)) for s in differ)), flush=True)
             for shape in shapes:   # in order, then reversed: a drift of the clock shows as a difference
                 there = validate.time_on_device(cubins, hardware, family.op, dtype, shape, args.repetitions)
                 back = validate.time_on_device(cubins[::-1], hardware, family.op, dtype, shape, args.repetitions)
