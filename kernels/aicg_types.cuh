@@ -69,21 +69,6 @@ __device__ __forceinline__ unsigned round_pair(float lo, float hi, f16) {
   return out;
 }
 
-// The larger of each pair of halves of two words of 16-bit elements, a NaN dropped where the other
-// half is a number (as fmaxf drops it); `lowest_pair` is a word of two -infinities.
-__device__ __forceinline__ unsigned max_pair(unsigned a, unsigned b, bf16) {
-  unsigned out;
-  asm("max.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
-  return out;
-}
-__device__ __forceinline__ unsigned max_pair(unsigned a, unsigned b, f16) {
-  unsigned out;
-  asm("max.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
-  return out;
-}
-__device__ __forceinline__ constexpr unsigned lowest_pair(bf16) { return 0xff80ff80u; }
-__device__ __forceinline__ constexpr unsigned lowest_pair(f16) { return 0xfc00fc00u; }
-
 // V floats rounded into a pack, two at a time for 16-bit types.
 template <typename T, int V>
 __device__ __forceinline__ Pack<T, V> pack_floats(const float (&f)[V]) {

@@ -184,7 +184,7 @@ __device__ __forceinline__ void map_row(const T* x, W w, B b, T* y, int cols, in
 // visit a lane's elements in the same order, so they give the same bits.
 template <int V, typename T>
 struct RowStream {
-  static constexpr bool in_registers = false, in_pairs = false;
+  static constexpr bool in_registers = false;
   const T* row;
   int cols, lane, lanes;
   bool vectorised;
@@ -225,7 +225,6 @@ struct RowCache {
   // 16-bit elements held two to a 32-bit word, as loaded: held as separate elements, ptxas gave
   // each its own register (rmsnorm bfloat16 holding 64 elements a lane: 97 registers, 64 as words).
   static constexpr bool PAIRED = sizeof(Slot) == 2 && V % 2 == 0;
-  static constexpr bool in_pairs = PAIRED;
   using Held = typename pick<PAIRED, Pack<unsigned, (PAIRED ? V / 2 : V)>, Pack<Slot, V>>::type;
   Held slot[CACHE];
   int cols, lane, lanes, held;
@@ -293,21 +292,6 @@ struct RowCache {
     phase_mark(PHASE_SWEEP);
   }
 
-  // The largest held element (a NaN dropped where a number is held, as fmaxf drops it), pairs
-  // compared as loaded: one instruction a pair, where each() takes two conversions and two maxima.
-  __device__ __forceinline__ float pair_max() const {
-    static_assert(PAIRED, "pairs are held only by a 16-bit row as loaded");
-    unsigned m = lowest_pair(T{});
-#pragma unroll
-    for (int u = 0; u < CACHE; ++u) {
-      if (!holds(u)) continue;
-#pragma unroll
-      for (int k = 0; k < V / 2; ++k) m = max_pair(m, slot[u].v[k], T{});
-    }
-    phase_mark(PHASE_SWEEP);
-    return fmaxf(half_of(m, 0, T{}), half_of(m, 1, T{}));
-  }
-
   // Replace every held x_j by f(j, x_j), visiting elements in the order of each().
   template <typename F>
   __device__ __forceinline__ void update(F&& f) {
@@ -368,9 +352,6 @@ constexpr int TINY_ROW = 4;
 // Whether a row object (as a body sees it, by reference) holds its row in registers.
 template <typename R> struct held_in_registers { static constexpr bool value = R::in_registers; };
 template <typename R> struct held_in_registers<R&> : held_in_registers<R> {};
-// Whether it holds a 16-bit row in pairs, as loaded (RowCache::pair_max).
-template <typename R> struct held_in_pairs { static constexpr bool value = R::in_pairs; };
-template <typename R> struct held_in_pairs<R&> : held_in_pairs<R> {};
 
 // body(r) for a row held as `packed` holds it, or, for a body that updates a
 // 16-bit row (FLOATS), as floats converted after every load was issued.

@@ -14,13 +14,11 @@
 
 namespace aicg {
 
-// The row's maximum (ShiftMax: see reduce.cuh), one sweep; a 16-bit row held as loaded compares
-// its pairs as they are (RowCache::pair_max: one instruction a pair, the same maximum).
+// The row's maximum (ShiftMax: see reduce.cuh), one sweep.
 template <int THREADS, int TOPOLOGY, typename R>
 __device__ __forceinline__ float row_shift(R& r) {
   float m = ShiftMax().identity();
-  if constexpr (held_in_pairs<R>::value) m = r.pair_max();
-  else r.each([&](int, float v) { m = ShiftMax()(m, v); });
+  r.each([&](int, float v) { m = ShiftMax()(m, v); });
   return row_reduce<THREADS, TOPOLOGY>(m, ShiftMax());
 }
 

@@ -47,16 +47,6 @@ def test_a_kernel_with_both_held_paths_has_both_counted(sass, shipped_ruleset, h
     assert full.per_element < tested.per_element
 
 
-@pytest.mark.parametrize("candidate", ["log_softmax_twopass.bfloat16.t512.v16.block.c8",
-                                       "softmax_rounded_exps.float16.t512.v16.block.c8"])
-def test_a_held_16_bit_rows_maximum_compares_its_pairs_as_loaded(sass, shipped_ruleset, h200, candidate):
-    for held in counted(sass, shipped_ruleset, h200, candidate):
-        shift = held.parts[0]
-        # no float maximum an element (64 before): the warp's butterfly and the warps' fold remain
-        assert sass.of_kind(shift, "FMNMX") < held.elements / 2, shift
-        assert sum(n for opcode, n in shift.items() if "HMNMX" in opcode) > 0, shift
-
-
 def test_a_streamed_family_has_no_held_path(sass, shipped_ruleset, h200):
     assert counted(sass, shipped_ruleset, h200, "row_sum_tree.float32.t512.v16.block") == []
 
