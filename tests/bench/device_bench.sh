@@ -8,6 +8,9 @@
 #   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300  GRID_SELECT="4194304x1 or 1x65536" (a -k expression)
 #   FLUSHES="read write"     (each bench once per L2 flush, AICG_BENCH_FLUSH: test_memory_bound.py's docstring)
 #   PHASES="rmsnorm_tree.bfloat16.t512.v16.block.c4 ..."  PHASES_SHAPE=1x4096   (tests/bench/phases.py first)
+#   CHECK="ID ..."  CHECK_KERNELS="trials/<commit>/kernels ..."  CHECK_FLAGS="--quick --same-bits"
+#                            (then check_candidates.py: each ID built with kernels/ and each trial's headers,
+#                             made here by tests/bench/trial_kernels.sh and carried; checked, timed side by side)
 # Results go to $OUT (or ./device-out): the realisation profile, the bench JSONs, instances.tgz and
 # logs.tgz (every log, refreshed after each step), no more than six files, so that a node that
 # returns few files returns them all. Carried wheels in .whl/ are installed first.
@@ -24,6 +27,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$LOGS/gpu.txt"
 if [ -n "${PHASES:-}" ]; then
   timeout "${PHASES_SECONDS:-120}" python3 tests/bench/phases.py --shape "${PHASES_SHAPE:-1x4096}" $PHASES 2>&1 | tee "$LOGS/phases.log"
+  keep_logs
+fi
+if [ -n "${CHECK:-}" ]; then
+  dirs=(--kernels kernels)
+  for k in ${CHECK_KERNELS:-}; do dirs+=(--kernels "$k"); done
+  timeout "${CHECK_SECONDS:-240}" python3 tests/bench/check_candidates.py "${dirs[@]}" ${CHECK_FLAGS:-} \
+    ${CHECK_SHAPES:+--shapes "$CHECK_SHAPES"} $CHECK 2>&1 | tee "$LOGS/check.log"
   keep_logs
 fi
 if [ "${PRIMITIVES_SECONDS:-0}" -gt 0 ]; then
