@@ -19,7 +19,7 @@ def h200(sass):
 
 def counted(sass, shipped_ruleset, h200, candidate: str):
     cubin, _ = sass.build(candidate, sass.ROOT / "kernels", shipped_ruleset, h200)
-    return sass.census(candidate, sass.disassemble(cubin))
+    return sass.census(candidate, *sass.parse(sass.disassemble(cubin)))
 
 
 def exps(c) -> int:

@@ -93,8 +93,7 @@ def time_on_device(kernels: list[tuple[bytes, dict]], hardware: Hardware, op: st
 def same_bits_on_device(kernels: list[tuple[bytes, dict]], hardware: Hardware, op: str, dtype: str,
                         shapes) -> list[bool] | None:
     """check.same_bits on this machine's GPU; None unless it is the target."""
-    dev = driver.probe_device()
-    if _not_the_target(dev, hardware):
+    if _not_the_target(driver.probe_device(), hardware):
         return None
     from . import check
     return check.same_bits(kernels, op, dtype, shapes)

@@ -41,6 +41,17 @@ def params_of(candidate: str) -> tuple[str, str, dict]:
                                      "cache_packs": int(m["cache"] or 0)}
 
 
+def build(candidate: str, kernels: Path, rules, hardware, source: str | None = None) -> tuple[bytes, dict]:
+    """The cubin and ptxas report a build makes of the candidate (aicg/occupancy.py: two blocks asked
+    for where that pays) from the headers in `kernels`; `source` in place of codegen's, if given."""
+    family_name, dtype, params = params_of(candidate)
+    family = rules.families[family_name]
+    return occupancy.compile_candidate(
+        source or codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
+        nvrtc.include_closure(family.header, kernels), hardware.arch, params,
+        hardware.fact("registers_per_sm"))[:2]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("candidates", nargs="+")
@@ -66,10 +77,7 @@ def main() -> int:
         check_shapes = accuracy.clip_shapes(validate.AWKWARD_SHAPES + (() if args.quick else shapes), longest)
         built = []
         for kernels in kernel_dirs:
-            cubin, report = occupancy.compile_candidate(
-                codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
-                nvrtc.include_closure(family.header, kernels), hardware.arch, params,
-                hardware.fact("registers_per_sm"))[:2]
+            cubin, report = build(candidate, kernels, rules, hardware)
             result = validate.validate_on_device(
                 cubin, hardware, family.op, dtype, params, tolerance=preset.tolerance[dtype],
                 deterministic=preset.axes["deterministic"], bitwise=preset.axes["order"] == "reference",

@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))   # check_candidates, beside this script
 
-from aicg import codegen, hw, nvrtc, occupancy  # noqa: E402
+from aicg import codegen, hw  # noqa: E402
 from aicg.dtypes import DTYPES  # noqa: E402
 from aicg.ops import OPERATORS  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
 from aicg.semantics import ruleset  # noqa: E402
 from aicg.validate import check  # noqa: E402
-from check_candidates import params_of  # noqa: E402
+from check_candidates import build, params_of  # noqa: E402
 
 MARKS = 32   # AICG_PHASES: the marks kept a thread
 NAMES = {0: "start", 1: "set-up", 2: "sweep", 3: "reduction", 4: "write"}
@@ -56,10 +56,7 @@ def measure(candidate: str, shape: tuple[int, int], launches: int, flush: str, k
     family_name, dtype, params = params_of(candidate)
     family = rules.families[family_name]
     op = OPERATORS[family.op]
-    cubin, report = occupancy.compile_candidate(
-        instrumented_source(candidate, family, dtype, params), f"{candidate}.cu",
-        nvrtc.include_closure(family.header, kernels_dir), hardware.arch, params,
-        hardware.fact("registers_per_sm"))[:2]
+    cubin, report = build(candidate, kernels_dir, rules, hardware, instrumented_source(candidate, family, dtype, params))
     kernel = driver.Kernel(cubin, codegen.ENTRY)
     buffers = check.Buffers(op, DTYPES[dtype], rows, cols)
     runs: dict[str, list] = {who: [] for who in THREADS}

@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from aicg import codegen, hw, nvrtc, occupancy  # noqa: E402
+from aicg import hw  # noqa: E402
 from aicg.dtypes import DTYPES  # noqa: E402
 from aicg.ops import OPERATORS  # noqa: E402
 from aicg.semantics import ruleset  # noqa: E402
 from aicg.validate.check import moved_bytes  # noqa: E402
-from check_candidates import params_of  # noqa: E402
+from check_candidates import build, params_of  # noqa: E402
 
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:(@!?U?P[T0-9]+)\s+)?([A-Z0-9_.]+)\s*(.*?)\s*;")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
@@ -175,27 +175,20 @@ class Census:
     parts: list[Counter]    # segments(): to each reduction's end, then the write
 
     @property
+    def instructions(self) -> int:
+        return sum(issued(p) for p in self.parts)
+
+    @property
     def per_element(self) -> float:
-        return sum(issued(p) for p in self.parts) / self.elements
+        return self.instructions / self.elements
 
 
-def build(candidate: str, kernels: Path, rules, hardware) -> tuple[bytes, dict]:
-    """The cubin and ptxas report a build makes of the candidate from the headers in `kernels`."""
-    family_name, dtype, params = params_of(candidate)
-    family = rules.families[family_name]
-    return occupancy.compile_candidate(
-        codegen.source(candidate, family, dtype, params), f"{candidate}.cu",
-        nvrtc.include_closure(family.header, kernels), hardware.arch, params,
-        hardware.fact("registers_per_sm"))[:2]
-
-
-def census(candidate: str, sass: str) -> list[Census]:
-    """Every held path of the candidate's SASS, counted; none for a family that holds no row."""
+def census(candidate: str, instructions: list[Instruction], labels: dict[str, int]) -> list[Census]:
+    """Every held path of the candidate's parsed SASS, counted; none for a family that holds no row."""
     _, dtype, params = params_of(candidate)
     slots, size = params["cache_packs"], DTYPES[dtype].size
     if not slots:
         return []
-    instructions, labels = parse(sass)
     pack_bytes = max(params["vec_bytes"], size)
     return [Census(path, slots * pack_bytes // size, segments(instructions, path))
             for path in held_paths(instructions, labels, slots, pack_bytes)]
@@ -205,15 +198,16 @@ def report(candidate: str, kernels: Path, rules, hardware, dump: bool) -> str:
     family_name, dtype, _ = params_of(candidate)
     cubin, compiled = build(candidate, kernels, rules, hardware)
     sass = disassemble(cubin)
+    instructions, labels = parse(sass)
     asked = f", {compiled['min_blocks']} blocks asked" if compiled["min_blocks"] else ""
     lines = [f"{candidate} [{kernels}]: {compiled['registers']} registers{asked}, "
-             f"{compiled['spill_store_bytes']} B spilled, {len(parse(sass)[0])} instructions"]
-    counted = census(candidate, sass)
+             f"{compiled['spill_store_bytes']} B spilled, {len(instructions)} instructions"]
+    counted = census(candidate, instructions, labels)
     for c in counted:
         mufu = sum(of_kind(p, "MUFU") for p in c.parts)
         share = issue_share(c.per_element, rules.families[family_name].op, dtype, hardware)
         lines.append(f"  held path ({'slots tested' if c.path.tested else 'full row, no slot tested'}), "
-                     f"{c.elements} elements a lane: {sum(issued(p) for p in c.parts)} instructions, "
+                     f"{c.elements} elements a lane: {c.instructions} instructions, "
                      f"{c.per_element:.1f} an element (MUFU {mufu / c.elements:.2f}), {share:.0%} of the SM's "
                      f"issue at the copy's rate")
         names = [f"to reduction {k + 1}" for k in range(len(c.parts) - 1)] + ["write"]
