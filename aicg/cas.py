@@ -54,17 +54,25 @@ class ActionEntry:
 
     `sha256` names the same blobs for a remote store that addresses content
     by SHA-256 (the Bazel remote cache protocol); it is empty locally.
+    `source` is empty for a result a build with this store made or checked, and
+    "unsigned:<remote>" for one copied from a remote whose entries carry no
+    signature: a copy keeps what it was, so evidence from such a remote is
+    never mistaken for this machine's (aicg/trust.py).
     """
 
     key: str
     step: str
     outputs: dict[str, str]
     sha256: dict[str, str] = field(default_factory=dict)
+    source: str = ""
 
 
 def entry_payload(entry: ActionEntry) -> bytes:
     """The bytes an entry's checksum (and signature, if any) cover."""
-    return digest.pack({"key": entry.key, "step": entry.step, "outputs": entry.outputs, "sha256": entry.sha256})
+    fields = {"key": entry.key, "step": entry.step, "outputs": entry.outputs, "sha256": entry.sha256}
+    if entry.source:   # absent otherwise: the entries of earlier releases keep their bytes
+        fields["source"] = entry.source
+    return digest.pack(fields)
 
 
 def encode_entry(entry: ActionEntry, signature: bytes | None = None) -> bytes:
@@ -82,10 +90,19 @@ def decode_entry(data: bytes, with_signature: bool = False):
         if digest.of_bytes(payload) != checksum:
             return None
         fields = digest.unpack(payload)
-        entry = ActionEntry(fields["key"], fields["step"], dict(fields["outputs"]), dict(fields.get("sha256", {})))
+        entry = ActionEntry(fields["key"], fields["step"], dict(fields["outputs"]), dict(fields.get("sha256", {})),
+                            fields.get("source", ""))
     except Exception:  # msgpack raises several types on undecodable input; all are a miss
         return None
+    texts = [entry.key, entry.step, entry.source, *entry.outputs.items(), *entry.sha256.items()]
+    if not all(isinstance(t, str) for t in _flat(texts)):
+        return None
     return (entry, payload, signature) if with_signature else entry
+
+
+def _flat(items):
+    for item in items:
+        yield from item if isinstance(item, tuple) else (item,)
 
 
 class Store:

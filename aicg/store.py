@@ -6,13 +6,21 @@ and written back to the local store. Anything wrong is a miss: the step runs
 and, in write mode, its result replaces the bad entry. A remote that fails
 to answer is reported once and left alone for the rest of the build, which
 then runs at the speed of a local one.
+
+Without a key, a remote's entries are taken as content but not as evidence:
+a hit says whether it is trusted, and its local copy remembers that it came
+from an unsigned remote (aicg/trust.py says what each step makes of it). A
+local store that cannot be written (a shared cache mounted read-only) is
+read as usual and written never, with one warning.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import sys
 from collections import Counter
+from dataclasses import dataclass
 
 from . import cas, digest, remote as remotes
 from .config import StoreConfig
@@ -23,14 +31,43 @@ def action_name(key: str) -> str:
     return hashlib.sha256(f"aicg-action-v1:{key}".encode()).hexdigest()
 
 
+UNSIGNED = "unsigned:"   # the source of a local copy of an unsigned remote entry
+
+
+@dataclass(frozen=True)
+class Hit:
+    outputs: dict[str, bytes]
+    origin: str      # "local" or "remote"
+    trusted: bool    # False: the entry came, now or earlier, from a remote whose entries carry no signature
+
+
 class LayeredStore:
     def __init__(self, config: StoreConfig, warn=None):
         self.config = config
         self.local = cas.Store(config.local)
         self.remote = remotes.connect(config.remote, config.timeout) if config.remote else None
         self.stats: Counter = Counter()
+        self.local_writable = True
         self._bad_blobs: set[str] = set()
         self._warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
+
+    def refuse(self, message: str) -> None:
+        """Report an entry that passed its digest checks but is not taken (see trust.py)."""
+        self.stats["refused_entries"] += 1
+        self._warn(f"aicg: warning: {message}")
+
+    def _local_write(self, write, *args):
+        """A write to the local store, or nothing once it has proved read-only."""
+        if not self.local_writable:
+            return None
+        try:
+            return write(*args)
+        except OSError as err:
+            self.local_writable = False
+            self._warn(f"aicg: warning: the local store {self.local.root} cannot be written ({err.strerror or err}); "
+                       f"it is read and nothing more is kept in it")
+            self.stats["local_read_only"] += 1
+            return None
 
     # -- signing -------------------------------------------------------------
     def _sign(self, payload: bytes) -> bytes | None:
@@ -80,32 +117,42 @@ class LayeredStore:
                 return None
             outputs[relpath] = blob
             self.stats["bytes_down"] += len(blob)
-        self._record_local(key, entry.step, outputs)
-        return outputs
+        signed = self.config.signing_key is not None
+        self._record_local(key, entry.step, outputs, "" if signed else UNSIGNED + self.remote.where)
+        return outputs, signed
 
     # -- what steps call -------------------------------------------------------
-    def lookup(self, key: str) -> tuple[dict[str, bytes], str] | None:
-        """(outputs, "local" | "remote") for a hit, None for a miss."""
+    def lookup(self, key: str, unsigned_ok: bool = True) -> Hit | None:
+        """The outputs stored under `key`, or None for a miss. `unsigned_ok=False` takes nothing
+        that came from an unsigned remote (a step whose result vouches for others, see trust.py)."""
         if self.config.recache:
             self.stats["recache_skips"] += 1
             return None
         entry = self.local.get_action(key)
         outputs = self.local.fetch_outputs(entry) if entry else None
-        if outputs is not None:
+        if outputs is not None and (unsigned_ok or not entry.source.startswith(UNSIGNED)):
             self.stats["local_hits"] += 1
-            return outputs, "local"
-        outputs = self._fetch_remote(key)
-        if outputs is not None:
-            self.stats["remote_hits"] += 1
-            return outputs, "remote"
+            return Hit(outputs, "local", not entry.source.startswith(UNSIGNED))
+        if unsigned_ok or self.config.signing_key is not None:
+            fetched = self._fetch_remote(key)
+            if fetched is not None:
+                self.stats["remote_hits"] += 1
+                return Hit(fetched[0], "remote", fetched[1])
         self.stats["misses"] += 1
         return None
 
-    def _record_local(self, key: str, step: str, outputs: dict[str, bytes]) -> cas.ActionEntry:
-        blobs = {relpath: self.local.put_blob(data) for relpath, data in outputs.items()}
-        entry = cas.ActionEntry(key, step, blobs)
-        self.local.put_action(entry)
+    def _record_local(self, key: str, step: str, outputs: dict[str, bytes], source: str = "") -> cas.ActionEntry:
+        entry = cas.ActionEntry(key, step, {relpath: digest.of_bytes(data) for relpath, data in outputs.items()},
+                                source=source)
+        if self._local_write(lambda: [self.local.put_blob(data) for data in outputs.values()]) is not None:
+            self._local_write(self.local.put_action, entry)
         return entry
+
+    def write_build_stats(self, instance: str) -> None:
+        """The counters of the last build (`doit cache stats` shows them), where the store can be written."""
+        data = (json.dumps({"instance": instance, "remote": self.config.remote, "counters": dict(sorted(self.stats.items()))},
+                           indent=1) + "\n").encode()
+        self._local_write(cas.write_atomic, self.local.root / "last-build.json", data, self.local.tmp)
 
     def record(self, key: str, step: str, outputs: dict[str, bytes]) -> None:
         entry = self._record_local(key, step, outputs)

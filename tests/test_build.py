@@ -154,7 +154,7 @@ def test_a_validation_done_on_the_target_is_reused_without_a_gpu(built):
     instance = graph.load_instance(graph.Layout(built), built / "rulesets/profiles/small.toml", built / "build")
     validate = next(s for s in instance.steps if s.name.startswith("validate:softmax_online"))
     key = step.key(validate, instance.env)
-    record = {"status": "passed", "device": "NVIDIA H200", "checks": [],
+    record = {"status": "passed", "device": "NVIDIA H200", "checks": [{"trial": 0, "passed": True}],
               "timings": [{"shape": [64, 1000], "median_seconds": 1e-6}]}
     out = validate.targets[0]
     local = instance.env.store.local
@@ -198,14 +198,15 @@ def test_a_kernel_that_fails_to_compile_names_the_header_and_line_and_caches_not
 
 def test_an_input_changed_while_a_step_runs_is_not_published(tmp_path):
     env = step.Env(tmp_path / "inst", LayeredStore(StoreConfig(tmp_path / "cache", None, False, 1.0, None, False)))
-    upstream = step.Step("codegen:a", "", {"v": 1}, lambda ctx: step.Result({"src/a.cu": b"one"}), ("codegen.py",))
+    upstream = step.Step("codegen:a", "", {"v": 1}, lambda ctx: step.Result({"src/a.cu": b"one"}), ("codegen.py",),
+                         targets=("src/a.cu",))
     step.execute(upstream, env)
 
     def run(ctx):
         (env.instance_dir / "src/a.cu").write_bytes(b"two")   # someone edits the input meanwhile
         return step.Result({"out/a": ctx.upstream("codegen:a", "src/a.cu")})
 
-    down = step.Step("compile:a", "", {}, run, ("nvrtc.py",), upstream=("codegen:a",))
+    down = step.Step("compile:a", "", {}, run, ("nvrtc.py",), upstream=("codegen:a",), targets=("out/a",))
     with pytest.raises(Exception, match="changed while"):
         step.execute(down, env)
     assert env.receipt("compile:a") is None and not (env.instance_dir / "out/a").exists()

@@ -10,8 +10,12 @@ slice x[:, :n] of a wider matrix, last dimension contiguous): kernels take a
 row stride; w, b and out are contiguous. Kernels run on the caller's
 current stream with no host synchronisation.
 Each cubin is checked against the digest in the manifest before it is
-loaded. Kernels the build could not validate on the target are refused
-unless `allow_unvalidated=True`.
+loaded. Kernels the build could not validate on the target (or whose
+validation came from an unsigned remote store) are refused unless
+`allow_unvalidated=True`. The instance directory is trusted as the user's own
+files; with a signing key (AICG_SIGNING_KEY_FILE, or `signing_key=`), the
+manifest must carry the build's signature (manifest.json.sig) and the JIT's
+records theirs (aicg/trust.py).
 
 A workload shape runs the kernel the build measured fastest there. Any
 other shape is planned on first use with the instance's own rules and
@@ -28,8 +32,9 @@ import logging
 import math
 from pathlib import Path
 
-from .. import codegen, digest
+from .. import codegen, digest, trust
 from ..dtypes import DTYPES
+from ..errors import InputError
 from ..ops import OPERATORS
 from ..semantics import accuracy
 from . import arrays, driver
@@ -198,14 +203,33 @@ class OpKernels:
         return ov.obj
 
 
+def _signing_key(given: bytes | None) -> bytes | None:
+    if given is not None:
+        return given
+    try:
+        return trust.key_from_environment()
+    except InputError as err:
+        raise InstanceError(str(err)) from None
+
+
 class Instance:
-    def __init__(self, path, allow_unvalidated: bool = False, jit: bool = True):
+    def __init__(self, path, allow_unvalidated: bool = False, jit: bool = True, signing_key: bytes | None = None):
         self.path = Path(path)
         self.allow_unvalidated = allow_unvalidated
         manifest_path = self.path / "manifest.json"
         if not manifest_path.is_file():
             raise InstanceError(f"{manifest_path}: no manifest; build the instance with `doit build` first")
-        self.manifest = json.loads(manifest_path.read_text())
+        data = manifest_path.read_bytes()
+        key = _signing_key(signing_key)
+        if key is not None and not trust.signed_by(manifest_path, data, key):
+            raise InstanceError(f"{manifest_path}: not signed with the configured signing key "
+                                f"({trust.signature_path(manifest_path).name} is missing or does not match); rebuild "
+                                f"the instance with {trust.KEY_VARIABLE} set, or load it without a key to trust the "
+                                f"directory as it is")
+        try:
+            self.manifest = json.loads(data)
+        except ValueError as err:
+            raise InstanceError(f"{manifest_path}: not a manifest ({err})") from None
         by_op: dict[str, dict[str, dict]] = {}
         for name, entry in self.manifest["kernels"].items():
             if entry["validation"] != "passed" and not allow_unvalidated:
@@ -216,7 +240,8 @@ class Instance:
         self.ops = {op: OpKernels(self, op, entries) for op, entries in by_op.items()}
         packaged = {v["candidate"]: v for entries in by_op.values() for e in entries.values()
                     for v in e.get("dispatch") or []}
-        self.jit = Jit(self.path, packaged) if jit and (self.path / "source" / "profile.toml").is_file() else None
+        self.jit = (Jit(self.path, packaged, key) if jit and (self.path / "source" / "profile.toml").is_file()
+                    else None)
 
     @property
     def jit_events(self) -> list[dict]:
@@ -233,5 +258,12 @@ class Instance:
         raise AttributeError(f"instance {self.__dict__.get('path')} has no operator {name!r}{why}")
 
 
-def load(path, allow_unvalidated: bool = False, jit: bool = True) -> Instance:
-    return Instance(path, allow_unvalidated, jit)
+def load(path, allow_unvalidated: bool = False, jit: bool = True, signing_key: bytes | None = None) -> Instance:
+    """The packaged instance at `path` (build/<instance>) as callable operators: `inst.softmax(x)`.
+
+    allow_unvalidated: also expose kernels not validated on the target (or validated only by an
+    unsigned remote store). jit: plan, compile and validate kernels for shapes outside the workload
+    on first use. signing_key: check the manifest's and the JIT records' signatures with this key
+    (default: the key in AICG_SIGNING_KEY_FILE, if set; without one the directory is trusted).
+    """
+    return Instance(path, allow_unvalidated, jit, signing_key)

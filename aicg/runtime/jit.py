@@ -22,7 +22,9 @@ see timing_order) are then timed at the shape and the fastest
 runs (the prior ranks, the device decides, as in the build); the choice is
 kept per GPU and shape class (jit/choice-<key>.json, with the times). Every
 compilation, validation and timing is reported with its time: `events`, and
-the "aicg.jit" logger.
+the "aicg.jit" logger. With a signing key (aicg/trust.py), every record is
+signed beside it, and a record without a good signature is made again: a
+validation outcome is never read from a file anyone could have written.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cas, codegen, digest, nvrtc, occupancy, planning
+from .. import cas, codegen, digest, nvrtc, occupancy, planning, trust
 
 log = logging.getLogger("aicg.jit")
 
@@ -95,8 +97,26 @@ def rows_class(rows: int) -> int:
 class Jit:
     instance_dir: Path
     packaged: dict[str, dict]          # candidate id -> its dispatch entry (cubin path, digest, params)
+    signing_key: bytes | None = None   # records are signed with it and read only when signed with it
     events: list[dict] = field(default_factory=list)
     _planning: planning.Planning | None = None
+
+    def _read_record(self, path: Path) -> dict | None:
+        """A JSON record of the JIT's, or None where it is absent, unreadable or (with a key) not signed."""
+        try:
+            data = path.read_bytes()
+            record = json.loads(data)
+        except (OSError, ValueError):
+            return None
+        if self.signing_key is not None and not trust.signed_by(path, data, self.signing_key):
+            log.warning("aicg: %s is not signed with the configured key; it is made again", path)
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _write_record(self, path: Path, record: dict) -> None:
+        data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
+        cas.write_atomic(path, data)
+        trust.write_signature(path, data, self.signing_key, cas.write_atomic)
 
     @property
     def source(self) -> Path:
@@ -129,8 +149,9 @@ class Jit:
         ranked = timing_order(planned.best_for_shape(op, dtype, shape))
         timed_count = TIMED_CANDIDATES + unmeasured_besides(ranked)
         choice_path = self._choice_path(op, dtype, shape, ranked, planned.hardware.name)
-        if choice_path.is_file():
-            chosen = json.loads(choice_path.read_text())["candidate"]
+        choice = self._read_record(choice_path)
+        if choice is not None:
+            chosen = choice.get("candidate")
             ranked = [c for c in ranked if c.id == chosen] + [c for c in ranked if c.id != chosen]
         usable, tried = [], []
         for cand in ranked:
@@ -139,7 +160,7 @@ class Jit:
                 tried.append(cand.id)
                 continue
             usable.append(made)
-            if (choice_path.is_file() or timer is None or made.validation != "passed"
+            if (choice is not None or timer is None or made.validation != "passed"
                     or len(usable) == timed_count):
                 break
         if not usable:
@@ -154,7 +175,7 @@ class Jit:
             return self._note(op, dtype, (rows, cols), usable[0])
         timed = {k.candidate: s for k, s in zip(usable, seconds)}
         fastest = min(usable, key=lambda k: timed[k.candidate])
-        cas.write_atomic(choice_path, (json.dumps({"candidate": fastest.candidate, "timed": timed}) + "\n").encode())
+        self._write_record(choice_path, {"candidate": fastest.candidate, "timed": timed})
         self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "timed_shape": list(timed_shape),
                             "chosen": fastest.candidate, "timed": timed, "seconds": time.perf_counter() - began})
         log.info("aicg: timed %s at %dx%d in %.2f s: %s", ", ".join(timed), *timed_shape,
@@ -212,10 +233,10 @@ class Jit:
         """(cubin, metadata, origin); the metadata holds ptxas's resource report."""
         source, headers, arch, key = self._compile_inputs(cand, planned)
         meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
-        if meta_path.is_file() and cubin_path.is_file():
-            meta = json.loads(meta_path.read_text())
+        meta = self._read_record(meta_path)
+        if meta is not None and cubin_path.is_file():
             cubin = cubin_path.read_bytes()
-            if digest.of_bytes(cubin) == meta.get("cubin_digest"):
+            if digest.of_bytes(cubin) == meta.get("cubin_digest") and isinstance(meta.get("validation"), dict):
                 return cubin, meta, "jit cache"
             log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
         began = time.perf_counter()
@@ -232,4 +253,4 @@ class Jit:
         return cubin, meta, "compiled"
 
     def _write_meta(self, meta: dict) -> None:
-        cas.write_atomic(self.cache_dir / f"{meta['key']}.json", (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+        self._write_record(self.cache_dir / f"{meta['key']}.json", meta)

@@ -108,8 +108,8 @@ class LLMProposer:
         request_hash = digest.of_value(body)
         key = digest.of_value({"kind": "proposer-response", "request": request_hash})
         hit = self.store.lookup(key)
-        if hit is not None:
-            raw, origin = hit[0]["response.json"], f"replayed ({hit[1]} store)"
+        if hit is not None and "response.json" in hit.outputs:
+            raw, origin = hit.outputs["response.json"], f"replayed ({hit.origin} store)"
         else:
             try:
                 raw = self._call(body)

@@ -123,5 +123,6 @@ def round_steps(op: str, dtype: str, prof, ruleset, hardware, layout, make_propo
             return Result(outputs, cache=cacheable)
 
         steps.append(Step(name, f"synthesis round {k} for {op} in {dtype}", {**reads, "round": k}, run, code,
-                          upstream=((previous,) if previous else ()) + (f"legality:{op}",), targets=(out,)))
+                          upstream=((previous,) if previous else ()) + (f"legality:{op}",), targets=(out,),
+                          optional_outputs=(cubin_out,), role="evidence"))
     return steps

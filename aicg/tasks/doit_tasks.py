@@ -195,11 +195,7 @@ def _record_build(instance: graph.Instance) -> None:
         cas.write_atomic(env.instance_dir / "provenance.json",
                          (json.dumps({"origins": origins}, indent=1, sort_keys=True) + "\n").encode(), env.tmp)
     if env.store.stats:
-        store = env.store
-        cas.write_atomic(store.local.root / "last-build.json",
-                         (json.dumps({"instance": instance.name, "remote": store.config.remote,
-                                      "counters": dict(sorted(store.stats.items()))}, indent=1) + "\n").encode(),
-                         store.local.tmp)
+        env.store.write_build_stats(instance.name)
 
 
 DOIT_CONFIG = {

@@ -182,7 +182,8 @@ def _validate_step(cand: plan.Candidate, hardware: hw.Hardware, prof, timed_shap
 
     return Step(f"validate:{cand.id}", f"check {cand.id} against float64 on {hardware.name}, and time it",
                 {**reads, "params": cand.params}, run, VALIDATE_CODE,
-                upstream=(f"compile:{cand.id}",), targets=(out,), local_state=validate.local_device_state)
+                upstream=(f"compile:{cand.id}",), targets=(out,), local_state=validate.local_device_state,
+                role="evidence")
 
 
 def _synthesis_steps(op: str, dtype: str, rules, prof, hardware, layout, work, hw_facts, decided) -> list[Step]:
@@ -234,10 +235,13 @@ def _select_step(op: str, work, candidates, prof) -> Step:
         reports = {c.id: json.loads(ctx.upstream(f"compile:{c.id}", f"cubin/{c.id}.json")) for c in candidates}
         trajectories = {d: json.loads(ctx.upstream(step, f"synth/{op}.{d}.{prof.synthesis.rounds - 1}.json"))
                         for d, step in rounds.items()}
-        return Result({out: to_json(packaging.select(op, work.dtypes, candidates, results, reports, trajectories))})
+        untrusted = {c.id for c in candidates if not ctx.trusted(f"validate:{c.id}")}
+        untrusted |= {f"synth:{op}.{d}" for d, step in rounds.items() if not ctx.trusted(step)}
+        return Result({out: to_json(packaging.select(op, work.dtypes, candidates, results, reports, trajectories,
+                                                     untrusted))})
 
     return Step(f"select:{op}", f"choose the fastest valid candidate of {op} per dtype", {"op": op, "dtypes": list(work.dtypes)},
-                run, ("tasks/package.py",), upstream=upstream, targets=(out,))
+                run, ("tasks/package.py",), upstream=upstream, targets=(out,), role="verdict")
 
 
 def planning_snapshot(layout: Layout, profile_path: Path, prof) -> dict[str, bytes]:

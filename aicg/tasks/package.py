@@ -4,7 +4,9 @@ Selection takes the fastest candidate that passed validation (geometric
 mean of its measured times over the workload's shapes) as the operator's
 kernel, and records for every workload shape the valid candidate fastest on
 it; the package carries those too, and the runtime dispatches on the shape. A candidate that
-failed is never chosen. Where nothing could be validated on this machine,
+failed is never chosen. A pass counts only from trusted evidence (aicg/trust.py):
+one an unsigned remote reports is "unverified", chosen only where nothing
+trusted passed, and marked so. Where nothing could be validated on this machine,
 the best *predicted* candidate is chosen and marked unvalidated, and every
 report says so.
 """
@@ -34,25 +36,51 @@ def _synthesized_row(op: str, dtype: str, trajectory: list) -> dict | None:
     return {"id": f"synth:{op}.{dtype}", "family": proposal.get("family") or f"proposal ({proposal['proposer']})",
             "params": proposal["params"], "status": "passed", "reason": None, "predicted_seconds": None, "prior": None,
             "measured_seconds": _geomean([t["median_seconds"] for t in timings]),
-            "resources": last["resources"], "round": last["round"]}
+            "resources": last["resources"], "round": last["round"], "validated_on": last["validation"].get("device")}
 
 
-def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectories: dict | None = None) -> dict:
+UNSIGNED_EVIDENCE = "its validation came from an unsigned remote store, which is not trusted without a signing key"
+
+
+def _status(res: dict) -> tuple[str, str | None]:
+    """A validation record's verdict, (status, reason): a pass must hold checks that all passed and
+    timings that are positive numbers, whatever the record says (a record of zero trials is no pass)."""
+    status, reason = res.get("status"), res.get("reason")
+    if status != "passed":
+        return (status if status in ("failed", "unvalidated") else "failed"), reason
+    checks, timings = res.get("checks") or [], res.get("timings") or []
+    if not checks or not all(c.get("passed") is True for c in checks):
+        return "failed", "its validation record holds no passing checks"
+    if not timings or not all(isinstance(t.get("median_seconds"), (int, float)) and t["median_seconds"] > 0
+                              and math.isfinite(t["median_seconds"]) for t in timings):
+        return "failed", "its validation record holds no valid timings"
+    return "passed", reason
+
+
+def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectories: dict | None = None,
+           untrusted: set[str] = frozenset()) -> dict:
+    """untrusted: ids of candidates (and "synth:<op>.<dtype>") whose validation is not trusted evidence."""
     out = {"op": op, "dtypes": {}}
     for dtype in dtypes:
         rows = []
         synthesized = _synthesized_row(op, dtype, (trajectories or {}).get(dtype, []))
         for c in (c for c in candidates if c.dtype == dtype):
             res = results[c.id]
+            status, reason = _status(res)
             timings = res.get("timings") or []
-            rows.append({"id": c.id, "family": c.family, "params": c.params, "status": res["status"],
-                         "reason": res.get("reason"), "prior": c.prior,
+            rows.append({"id": c.id, "family": c.family, "params": c.params, "status": status,
+                         "reason": reason, "prior": c.prior,
                          "predicted_seconds": c.score if math.isfinite(c.score) else None,   # None: serves some shapes
                          "measured_seconds": _geomean([t["median_seconds"] for t in timings]) if timings else None,
                          "timings": [[*t["shape"], t["median_seconds"]] for t in timings],
+                         "validated_on": res.get("device") if status == "passed" else None,
                          "resources": reports[c.id]["resources"]})
         rows += [synthesized] if synthesized else []
+        for r in rows:
+            if r["status"] == "passed" and r["id"] in untrusted:
+                r["status"], r["reason"] = "unverified", UNSIGNED_EVIDENCE
         passed = [r for r in rows if r["status"] == "passed" and r["measured_seconds"]]
+        unverified = [r for r in rows if r["status"] == "unverified" and r["measured_seconds"]]
         unvalidated = [r for r in rows if r["status"] == "unvalidated"]
         # The operator's kernel is timed at every shape any valid candidate was: one that serves
         # only some (its order keeps the bound on shorter rows) is a variant for those alone.
@@ -61,6 +89,9 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectori
         whole = [r for r in passed if "timings" not in r or _timed_shapes(r) == everywhere] or passed
         if passed:
             chosen, basis = min(whole, key=lambda r: (r["measured_seconds"], r["id"])), "fastest measured of the valid candidates"
+        elif unverified:
+            chosen, basis = (min(unverified, key=lambda r: (r["measured_seconds"], r["id"])),
+                             "fastest measured by an unsigned remote store; not verified")
         elif unvalidated:
             chosen, basis = (min(unvalidated, key=lambda r: (r["predicted_seconds"] is None, r["predicted_seconds"] or 0.0, r["id"])),
                              "best predicted; not validated on the target")
@@ -177,7 +208,7 @@ def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, byt
                     "dispatch": dispatch,
                     "entry": codegen.ENTRY, "arguments": OPERATORS[op].argument_names(),
                     "scalars": dict(OPERATORS[op].scalars),
-                    "validation": pick["status"], "basis": pick["basis"],
+                    "validation": pick["status"], "basis": pick["basis"], "validated_on": row.get("validated_on"),
                     "measured_seconds": row["measured_seconds"], "predicted_seconds": row["predicted_seconds"],
                     "prior": row["prior"],
                     "legal_families": legality.legal_families(), "considered": len(pick["candidates"]),
@@ -189,7 +220,10 @@ def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, byt
         outputs["report.md"] = summary.report(manifest).encode()
         return Result(outputs)
 
+    kernel_files = [f"kernels/{op}.{dtype}.cubin" for op in planned for dtype in prof.workload[op].dtypes]
+    kernel_files += [f"kernels/{c.op}.{c.dtype}.{c.id}.cubin" for c in all_candidates]
     return Step("package", f"package instance {prof.name}: manifest, report and the chosen cubins", reads, run,
                 ("tasks/package.py", "tasks/summary.py", "codegen.py", "ops.py", "primitives/realisation.py"),
                 upstream=upstream,
-                targets=("manifest.json", "report.md", *sorted(snapshot)))
+                targets=("manifest.json", "report.md", *sorted(snapshot)), optional_outputs=tuple(kernel_files),
+                role="verdict", signed=("manifest.json",))

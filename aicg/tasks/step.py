@@ -12,6 +12,12 @@ Each published step leaves a receipt in `<instance>/.receipts/`: its key,
 where the outputs came from, and their digests. A step is fresh when its
 receipt's key equals the key computed now and every output on disk still has
 the recorded digest; `touch` changes no digest, so it changes nothing.
+
+A step writes only the outputs it declares (`targets` and `optional_outputs`),
+whatever a store entry names. Evidence (a validation) taken from an unsigned
+remote is published with `trusted: false` in its receipt, and the key of every
+step reading it says so, so that a verdict drawn from it is never confused
+with one drawn from trusted evidence (aicg/trust.py).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import cas, digest
+from .. import cas, digest, trust
 from ..errors import InputChanged
 from ..store import LayeredStore
 
@@ -43,10 +49,17 @@ class Step:
     upstream: tuple[str, ...] = ()
     targets: tuple[str, ...] = ()  # outputs known before running (doit targets)
     local_state: Callable[[], object] | None = field(default=None, compare=False)
+    optional_outputs: tuple[str, ...] = ()  # outputs a result may hold besides its targets
+    role: str = "content"          # "content", "evidence" or "verdict": what a stored result is taken for (trust.py)
+    signed: tuple[str, ...] = ()   # outputs signed beside them (<path>.sig) when a signing key is configured
 
     @property
     def kind(self) -> str:
         return self.name.split(":", 1)[0]
+
+    @property
+    def declared(self) -> frozenset[str]:
+        return frozenset(self.targets) | frozenset(self.optional_outputs)
 
 
 @dataclass
@@ -99,14 +112,18 @@ def code_digest(modules: tuple[str, ...]) -> str:
 
 def key(step: Step, env: Env) -> str | None:
     """The step's key now, or None when an upstream step has not published."""
-    upstream = {}
+    upstream, untrusted = {}, []
     for name in step.upstream:
         receipt = env.receipt(name)
         if receipt is None:
             return None
         upstream[name] = receipt["outputs"]
-    return digest.of_value({"kind": step.kind, "code": code_digest(step.code),
-                            "reads": env.reads_digest(step), "upstream": upstream})
+        if receipt.get("trusted") is False:
+            untrusted.append(name)
+    value = {"kind": step.kind, "code": code_digest(step.code), "reads": env.reads_digest(step), "upstream": upstream}
+    if untrusted:   # only then: a build on trusted evidence keeps the keys it always had
+        value["untrusted_upstream"] = untrusted
+    return digest.of_value(value)
 
 
 def is_fresh(step: Step, env: Env) -> bool:
@@ -117,10 +134,20 @@ def is_fresh(step: Step, env: Env) -> bool:
         return False
     if step.local_state is not None and receipt.get("state") != step.local_state():
         return False
+    if step.role == "evidence" and "trusted" not in receipt:
+        return False
     for relpath, blob_digest in receipt["outputs"].items():
+        if relpath not in step.declared:
+            return False
         path = env.instance_dir / relpath
         if not path.is_file() or digest.of_file(path) != blob_digest:
             return False
+    key_now = env.store.config.signing_key
+    if key_now is not None:
+        for relpath in step.signed:
+            path = env.instance_dir / relpath
+            if not path.is_file() or not trust.signed_by(path, path.read_bytes(), key_now):
+                return False
     return True
 
 
@@ -139,15 +166,39 @@ class Context:
             raise InputChanged(f"{relpath} (from {step_name}) changed while {self.step.name} ran")
         return data
 
+    def trusted(self, step_name: str) -> bool:
+        """Whether an upstream step's result is trusted evidence (False: from an unsigned remote)."""
+        return (self.env.receipt(step_name) or {}).get("trusted", True)
 
-def _publish(step: Step, env: Env, step_key: str, outputs: dict[str, bytes], origin: str) -> None:
+
+def _publish(step: Step, env: Env, step_key: str, outputs: dict[str, bytes], origin: str, trusted: bool) -> None:
     for relpath, data in outputs.items():
         cas.write_atomic(env.instance_dir / relpath, data, env.tmp)
     receipt = {"key": step_key, "origin": origin,
                "outputs": {p: digest.of_bytes(d) for p, d in outputs.items()}}
+    if step.role == "evidence":
+        receipt["trusted"] = trusted
     if step.local_state is not None:
         receipt["state"] = step.local_state()
+    for relpath in step.signed:
+        if relpath in outputs:
+            trust.write_signature(env.instance_dir / relpath, outputs[relpath], env.store.config.signing_key,
+                                  lambda path, data: cas.write_atomic(path, data, env.tmp))
     env.write_receipt(step.name, receipt)
+
+
+def _usable_hit(step: Step, env: Env, step_key: str):
+    """The store's hit for the step, or None where there is none or it names outputs the step does not
+    declare (a damaged or hostile entry: the step runs instead, and its result replaces the entry)."""
+    hit = env.store.lookup(step_key, unsigned_ok=step.role != "verdict")
+    if hit is None:
+        return None
+    bad = trust.undeclared_outputs(hit.outputs, step.declared)
+    if bad:
+        env.store.refuse(f"the stored result of {step.name} names outputs it does not declare ({', '.join(bad[:3])}); "
+                         f"ignored, the step runs")
+        return None
+    return hit
 
 
 def execute(step: Step, env: Env) -> str:
@@ -158,26 +209,30 @@ def execute(step: Step, env: Env) -> str:
         raise InputChanged(f"an upstream step of {step.name} has no published result")
     env.write_receipt(step.name, None)   # a failed run leaves the step stale
 
-    hit = env.store.lookup(step_key)
+    hit = _usable_hit(step, env, step_key)
     if hit is not None:
-        outputs, origin = hit
-        _publish(step, env, step_key, outputs, origin)
-        return origin
+        _publish(step, env, step_key, hit.outputs, hit.origin, hit.trusted)
+        return hit.origin
 
-    result = step.run(Context(step, env))
+    context = Context(step, env)
+    result = step.run(context)
     if key(step, env) != step_key:
         raise InputChanged(f"an input of {step.name} changed while it ran; its result was not published")
+    bad = trust.undeclared_outputs(result.outputs, step.declared)
+    if bad:
+        raise RuntimeError(f"{step.name} wrote outputs it does not declare: {', '.join(bad)}")
     if result.cache:
         env.store.record(step_key, step.kind, result.outputs)
-    _publish(step, env, step_key, result.outputs, "ran" if result.cache else "ran-uncached")
+    # evidence made here from untrusted evidence (a synthesis round after an unsigned one) stays untrusted
+    trusted = all(context.trusted(name) for name in step.upstream)
+    _publish(step, env, step_key, result.outputs, "ran" if result.cache else "ran-uncached", trusted)
     return "ran"
 
 
 def clean(step: Step, env: Env) -> None:
     """Remove what the step published (doit clean); the store keeps its entries."""
-    receipt = env.receipt(step.name)
-    for relpath in (receipt or {}).get("outputs", {}):
+    for relpath in step.declared:    # never a path a receipt names: only what the step may write
         (env.instance_dir / relpath).unlink(missing_ok=True)
-    for relpath in step.targets:
-        (env.instance_dir / relpath).unlink(missing_ok=True)
+    for relpath in step.signed:
+        trust.signature_path(env.instance_dir / relpath).unlink(missing_ok=True)
     env.write_receipt(step.name, None)

@@ -32,9 +32,25 @@ def table(manifest: dict) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in body]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = []
-    unvalidated = [n for n, k in manifest["kernels"].items() if k["validation"] != "passed"]
+    kernels, total = manifest["kernels"], len(manifest["kernels"])
+    by_device: dict[str, int] = {}
+    for k in kernels.values():
+        if k["validation"] == "passed":
+            device = k.get("validated_on") or manifest["target"]["name"]
+            by_device[device] = by_device.get(device, 0) + 1
+    if by_device:
+        notes.append(f"{sum(by_device.values())} of {total} kernels validated on "
+                     + ", ".join(f"{device}" if n == sum(by_device.values()) else f"{device} ({n})"
+                                 for device, n in sorted(by_device.items())) + ".")
+    unverified = [n for n, k in kernels.items() if k["validation"] == "unverified"]
+    if unverified:
+        notes.append(f"{len(unverified)} of {total} kernels are UNVERIFIED: their validations came from an unsigned "
+                     f"remote store, which is not trusted; set AICG_SIGNING_KEY_FILE to the key the GPU nodes sign with "
+                     f"(or build on a {manifest['target']['name']}) to verify them. aicg.load refuses them unless "
+                     f"allow_unvalidated=True.")
+    unvalidated = [n for n, k in kernels.items() if k["validation"] not in ("passed", "unverified")]
     if unvalidated:
-        notes.append(f"{len(unvalidated)} of {len(manifest['kernels'])} kernels are UNVALIDATED: no validation of "
+        notes.append(f"{len(unvalidated)} of {total} kernels are UNVALIDATED: no validation of "
                      f"these cubins on {manifest['target']['name']} was found; build on such a GPU (or share its cache) to validate them.")
     for name, reason in sorted(manifest["unavailable"].items()):
         notes.append(f"{name}: {reason}")

@@ -319,6 +319,9 @@ def time_kernels(kernels: list[tuple[bytes, dict]], op_name: str, dtype_name: st
 
 def run(cubin: bytes, op_name: str, dtype_name: str, params: dict, *, tolerance, deterministic, bitwise,
         check_shapes, timed_shapes, trials, repetitions, device, peak_bytes_per_second: float) -> dict:
+    if trials < 1 or repetitions < 1 or not check_shapes:
+        raise ValueError(f"a validation needs trials >= 1, repetitions >= 1 and shapes to check "
+                         f"(got {trials}, {repetitions}, {len(check_shapes)} shapes): nothing checked is no pass")
     op, dtype = OPERATORS[op_name], DTYPES[dtype_name]
     rng = np.random.default_rng()  # fresh entropy: every validation draws new inputs
     kernel = driver.Kernel(cubin, codegen.ENTRY)
@@ -335,7 +338,7 @@ def run(cubin: bytes, op_name: str, dtype_name: str, params: dict, *, tolerance,
     # A launch that beats the memory system did not do its work where the
     # timer could see it (skipped rows, or work hidden on another stream).
     implausible = [t["shape"] for t in timings if t["bytes_per_second"] > PLAUSIBLE_FRACTION * peak_bytes_per_second]
-    status = "passed" if passed and not implausible else "failed"
+    status = "passed" if passed and checks and not implausible else "failed"
     return {"status": status, "device": device.name, "checks": checks, "timings": timings,
             "implausibly_fast": implausible,
             "method": "CUDA events around the launch, L2 flushed, median after warm-up"}

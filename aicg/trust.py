@@ -1,0 +1,93 @@
+"""What a build and a loaded instance take on trust, and what they check.
+
+A store entry is *content* or *evidence* or a *verdict*, by the step that made it:
+
+- content (hw, legality, plan, codegen, compile): a fact anyone can recompute
+  from the step's inputs. Taken from any store that passes the digest checks;
+  a cubin taken from elsewhere is still validated before it is trusted to run.
+- evidence (validate, synth): what a GPU measured. From the local store, a
+  run on this machine, or a remote whose entries are signed with the
+  configured key, it counts; from a remote without a key it is kept but
+  marked untrusted, and every kernel resting on it is "unverified", never
+  "passed", until a trusted source says so.
+- verdict (select, package): a decision drawn from evidence. Never taken from
+  an unsigned remote: it is cheap, and computed here from the evidence above.
+
+Whatever its origin, an entry may only write the outputs its step declares,
+as plain relative paths inside the instance: an entry naming `../x` or an
+absolute path is a miss (an entry naming a path its step does not declare,
+likewise).
+
+A packaged instance is the user's own directory: `aicg.load` trusts its
+manifest as it would any file there, unless a signing key is configured
+(AICG_SIGNING_KEY_FILE). Then the build writes `manifest.json.sig` (HMAC-
+SHA256 of the manifest with that key) and the JIT a `.sig` beside each of its
+records, and a load checks them: an unsigned or wrongly signed manifest is
+refused, an unsigned JIT record is ignored and made again.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from pathlib import Path, PurePosixPath
+
+from .errors import InputError
+
+ROLES = ("content", "evidence", "verdict")
+KEY_VARIABLE = "AICG_SIGNING_KEY_FILE"
+SIGNATURE_SUFFIX = ".sig"
+
+
+def safe_relpath(relpath: object) -> bool:
+    """Whether an output path is a plain relative path inside the instance: no root, no `..`,
+    no hidden part (the instance's own .receipts and .tmp), no backslash or NUL."""
+    if not isinstance(relpath, str) or not relpath or "\\" in relpath or "\0" in relpath:
+        return False
+    path = PurePosixPath(relpath)
+    return not path.is_absolute() and all(part not in ("", "..") and not part.startswith(".") for part in path.parts)
+
+
+def undeclared_outputs(outputs, declared) -> list[str]:
+    """The output paths a step may not write: not declared by it, or not plain paths inside the instance."""
+    return sorted(str(p) for p in outputs if p not in declared or not safe_relpath(p))
+
+
+def key_from_environment() -> bytes | None:
+    """The signing key named by AICG_SIGNING_KEY_FILE, or None where the variable is unset."""
+    where = os.environ.get(KEY_VARIABLE)
+    if not where:
+        return None
+    try:
+        key = Path(where).read_bytes().strip()
+    except OSError:
+        raise InputError(where, KEY_VARIABLE, "a readable file holding the shared key") from None
+    if not key:
+        raise InputError(where, KEY_VARIABLE, "a non-empty key")
+    return key
+
+
+def signature(data: bytes, key: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def signature_path(path: Path) -> Path:
+    return Path(path).with_name(Path(path).name + SIGNATURE_SUFFIX)
+
+
+def write_signature(path: Path, data: bytes, key: bytes | None, write) -> None:
+    """Sign `data` (the content of `path`) beside it with `write(path, bytes)`; without a key,
+    remove a signature left there, which could only mislead."""
+    if key is None:
+        signature_path(path).unlink(missing_ok=True)
+    else:
+        write(signature_path(path), (signature(data, key) + "\n").encode())
+
+
+def signed_by(path: Path, data: bytes, key: bytes) -> bool:
+    """Whether the signature beside `path` is `key`'s over `data`."""
+    try:
+        stored = signature_path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return hmac.compare_digest(stored, signature(data, key))
