@@ -22,7 +22,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
-from . import cas, digest, remote as remotes
+from . import cas, digest, record, remote as remotes
 from .config import StoreConfig
 
 
@@ -47,9 +47,15 @@ class LayeredStore:
         self.local = cas.Store(config.local)
         self.remote = remotes.connect(config.remote, config.timeout) if config.remote else None
         self.stats: Counter = Counter()
+        self.records: list[record.Record] = []   # read-only layers under the local store (aicg/record.py)
         self.local_writable = True
         self._bad_blobs: set[str] = set()
         self._warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
+
+    def attach_record(self, path) -> None:
+        """Read the validation record at `path` (if any) under the local store; with a signing key,
+        only its signed lines."""
+        self.records.append(record.Record(path, self.config.signing_key))
 
     def refuse(self, message: str) -> None:
         """Report an entry that passed its digest checks but is not taken (see trust.py)."""
@@ -133,6 +139,11 @@ class LayeredStore:
         if outputs is not None and (unsigned_ok or not entry.source.startswith(UNSIGNED)):
             self.stats["local_hits"] += 1
             return Hit(outputs, "local", not entry.source.startswith(UNSIGNED))
+        for layer in self.records:
+            outputs = layer.lookup(key)
+            if outputs is not None:
+                self.stats["record_hits"] += 1
+                return Hit(outputs, "record", True)
         if unsigned_ok or self.config.signing_key is not None:
             fetched = self._fetch_remote(key)
             if fetched is not None:

@@ -71,6 +71,10 @@ def signature(data: bytes, key: bytes) -> str:
     return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
+def verify(data: bytes, key: bytes, signature_hex: object) -> bool:
+    return isinstance(signature_hex, str) and hmac.compare_digest(signature_hex, signature(data, key))
+
+
 def signature_path(path: Path) -> Path:
     return Path(path).with_name(Path(path).name + SIGNATURE_SUFFIX)
 
@@ -90,4 +94,4 @@ def signed_by(path: Path, data: bytes, key: bytes) -> bool:
         stored = signature_path(path).read_text().strip()
     except (OSError, UnicodeDecodeError):
         return False
-    return hmac.compare_digest(stored, signature(data, key))
+    return verify(data, key, stored)

@@ -18,7 +18,7 @@ from .. import cas, plan_inputs
 from ..dtypes import DTYPES
 from ..errors import CompileError, DeviceError, InputChanged, InputError
 from ..semantics import accuracy, explain, explore, legality
-from . import graph, step as steps, summary
+from . import graph, record_task, step as steps, summary
 
 DEFAULT_PROFILE = "rulesets/profiles/default.toml"
 
@@ -50,7 +50,8 @@ def load() -> graph.Instance:
 
 def _action(step: steps.Step, env: steps.Env):
     try:
-        return {"origin": steps.execute(step, env)}
+        origin = steps.execute(step, env)
+        return {"origin": origin if origin in ("local", "remote", "record") else "ran"}
     except (InputError, CompileError, InputChanged, DeviceError) as err:
         return TaskFailed(str(err))
 
@@ -77,6 +78,10 @@ def task_instance():
         yield _task(step, instance.env)
     yield {"basename": "build", "doc": f"build compiler instance {instance.name} into build/{instance.name}/ (default)",
            "actions": None, "task_dep": ["package"]}
+    yield {"basename": "record", "doc": f"build {instance.name}, then write what this GPU validated to "
+                                        f"hwdb/{instance.hardware.target}.validations.jsonl",
+           "actions": [(record_task.run_record, [lambda: instance])], "task_dep": ["package"], "uptodate": [False],
+           "verbosity": 2}
     yield {"basename": "explain", "doc": "print why rules and families are legal or not: doit explain [op=..] [dtype=..] [profile=..]",
            "actions": [(_explain, [instance])], "uptodate": [False], "verbosity": 2}
     # the page changes with the rule sets and with the code that renders them
@@ -138,7 +143,7 @@ class BuildReporter(ConsoleReporter):
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
-        self.origins: dict[str, list[str]] = {"ran": [], "local": [], "remote": []}
+        self.origins: dict[str, list[str]] = {"ran": [], "local": [], "remote": [], "record": []}
         self.fresh: list[str] = []
 
     def execute_task(self, task):
@@ -165,21 +170,22 @@ class BuildReporter(ConsoleReporter):
     def complete_run(self):
         if self.runtime_errors:
             self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
-        ran, local, remote = self.origins["ran"], self.origins["local"], self.origins["remote"]
-        if not (ran or local or remote or self.failures or self.fresh):
+        ran, local, remote, recorded = (self.origins[o] for o in ("ran", "local", "remote", "record"))
+        if not (ran or local or remote or recorded or self.failures or self.fresh):
             return
-        if not (ran or local or remote or self.failures):
+        if not (ran or local or remote or recorded or self.failures):
             self.write(f"aicg: nothing to do, all {len(self.fresh)} tasks are up to date\n")
         else:
             compiled = sum(1 for n in ran if n.startswith("compile:"))   # a kernel may take two NVRTC runs (occupancy.py)
             self.write(f"aicg: {len(ran)} tasks ran ({compiled} kernels compiled), "
                        f"{len(local) + len(remote)} restored from cache ({len(local)} local, {len(remote)} remote), "
-                       f"{len(self.fresh)} up to date\n")
+                       + (f"{len(recorded)} validations from the record, " if recorded else "")
+                       + f"{len(self.fresh)} up to date\n")
         instance = _loaded.get("instance")
         if instance is None:
             return
         _record_build(instance)
-        processed = set(ran) | set(local) | set(remote) | set(self.fresh)
+        processed = set(ran) | set(local) | set(remote) | set(recorded) | set(self.fresh)
         if "package" in processed and not self.failures:
             manifest_path = instance.env.instance_dir / "manifest.json"
             self.write(f"\ninstance {instance.name} -> {manifest_path.parent}\n")

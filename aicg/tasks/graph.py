@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import codegen, config, digest, hw, nvrtc, occupancy, plan, toolchain
+from .. import codegen, config, digest, hw, nvrtc, occupancy, plan, record, toolchain
 from .. import planning as planning_inputs
 from .. import validate
 from ..errors import CompileError, InputChanged, InputError
@@ -263,6 +263,7 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
     realised, measured = planning.realised, planning.measured
     store_config = store_config or config.load(layout.root, prof.cache, recache)
     env = Env(Path(build_dir) / prof.name, LayeredStore(store_config))
+    env.store.attach_record(record.path_for(layout.hwdb, hardware.target))
 
     steps = [_hw_step(hardware)]
     rejected: dict = {}

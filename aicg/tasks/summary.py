@@ -50,8 +50,10 @@ def table(manifest: dict) -> str:
                      f"allow_unvalidated=True.")
     unvalidated = [n for n, k in kernels.items() if k["validation"] not in ("passed", "unverified")]
     if unvalidated:
-        notes.append(f"{len(unvalidated)} of {total} kernels are UNVALIDATED: no validation of "
-                     f"these cubins on {manifest['target']['name']} was found; build on such a GPU (or share its cache) to validate them.")
+        which = "" if len(unvalidated) == total else f" ({', '.join(sorted(unvalidated))})"
+        notes.append(f"{len(unvalidated)} of {total} kernels are UNVALIDATED{which}: no validation of "
+                     f"these cubins on {manifest['target']['name']} was found; build on such a GPU (or share its cache, "
+                     f"or `doit record` there) to validate them.")
     for name, reason in sorted(manifest["unavailable"].items()):
         notes.append(f"{name}: {reason}")
     prior = manifest.get("prior")
