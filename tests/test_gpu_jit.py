@@ -56,10 +56,17 @@ def test_new_shapes_are_compiled_validated_and_correct(built, tmp_path, dtype):
     assert not ran & failed, (ran, validated)
     compiled = [e for e in inst.jit_events if e.get("compiled")]
     assert compiled, "the new shapes need kernels the instance does not carry"
-    # the device chose among the first usable candidates: the fastest it timed runs
+    # a first call times nothing; inst.tune() then times the first usable candidates of every new
+    # shape and the fastest runs from then on
+    assert not [e for e in inst.jit_events if "timed" in e]
+    assert inst.tune()
     timed = [e for e in inst.jit_events if "timed" in e]
     assert timed and all(e["chosen"] == min(e["timed"], key=e["timed"].get) for e in timed), timed
     assert {e["chosen"] for e in timed} <= {c for op in ("softmax", "rmsnorm") for c in getattr(inst, op).chosen.values()}
+
+    empty = torch.empty(0, 777, device="cuda").to(t)     # an untuned shape with nothing in it plans nothing
+    before = len(inst.jit_events)
+    assert inst.softmax(empty).shape == (0, 777) and len(inst.jit_events) == before
 
     again = aicg.load(root)          # a new process: cubins and outcomes come from the cache
     x = torch.randn(*NEW_SHAPES[0], device="cuda").to(t)

@@ -19,9 +19,12 @@ records theirs (aicg/trust.py).
 
 A workload shape runs the kernel the build measured fastest there. Any
 other shape is planned on first use with the instance's own rules and
-priors (aicg/runtime/jit.py): the predicted fastest kernels, compiled and
-validated on the device if the instance does not carry them, the first three
-timed there and the fastest kept, all cached.
+priors (aicg/runtime/jit.py): the first call runs the predicted fastest
+kernel that is valid (compiled and validated on the device first if the
+instance does not carry it), so it does not wait for alternatives to be
+timed. `inst.tune()` then times the best few candidates of every shape served
+so far and keeps the fastest (`load(..., tune="first call")` does that on each
+new shape's first call instead); choices and outcomes are cached.
 `inst.jit_events` lists what that compiled, validated and timed, with times;
 `load(..., jit=False)` runs the nearest workload shape's kernel instead.
 """
@@ -73,16 +76,18 @@ class OpKernels:
         self._loaded: dict[tuple[str, int], driver.Kernel] = {}
         self._by_shape: dict[tuple, tuple] = {}   # (dtype, device, rows, cols) -> _launch_for
         self.chosen: dict[tuple, str] = {}   # (dtype, rows, cols) -> the candidate that ran there
+        self.untimed: set[tuple] = set()     # (dtype, device, rows, cols) served by the prior's pick alone
 
-    def _launch_for(self, dtype: str, device: int, rows: int, cols: int) -> tuple:
+    def _launch_for(self, dtype: str, device: int, rows: int, cols: int, tune: bool = False) -> tuple:
         """(launcher, argument names in order, grid, block, dynamic shared bytes) of the kernel that
-        serves this shape."""
+        serves this shape; `tune`: time the alternatives now, even if a kernel already serves it."""
         key = (dtype, device, rows, cols)
-        if key not in self._by_shape:
+        if key not in self._by_shape or (tune and key in self.untimed):
             if len(self._by_shape) > 4096:    # many distinct shapes: keep the lookup bounded
                 self._by_shape.clear()
                 self.chosen.clear()
-            kernel, entry, params = self._find_kernel(dtype, device, rows, cols)
+                self.untimed.clear()
+            kernel, entry, params = self._find_kernel(dtype, device, rows, cols, tune or self.instance.tune_first_call)
             names = tuple(entry["arguments"])
             grid, block, shared = codegen.launch_of(kernel, params, rows, cols, DTYPES[dtype].size)
             self._by_shape[key] = (kernel.launcher(tuple(self._kind(n) for n in names)), names, (grid, 1, 1),
@@ -94,14 +99,15 @@ class OpKernels:
             return "int"
         return "float" if argument in dict(self.op.scalars) else "ptr"
 
-    def _find_kernel(self, dtype: str, device: int, rows: int, cols: int) -> tuple[driver.Kernel, dict, dict]:
+    def _find_kernel(self, dtype: str, device: int, rows: int, cols: int,
+                     tune: bool = False) -> tuple[driver.Kernel, dict, dict]:
         entry = self.entries.get(dtype)
         if entry is None:
             raise InstanceError(f"{self.instance.path}: no {self.op.name} kernel for {dtype} "
                                 f"(this instance has: {', '.join(sorted(self.entries)) or 'none'})")
         tuned = any((v["rows"], v["cols"]) == (rows, cols) for v in entry.get("dispatch") or [])
         if not tuned and self.instance.jit is not None:
-            made = self._jit_kernel(entry, dtype, device, rows, cols)
+            made = self._jit_kernel(entry, dtype, device, rows, cols, tune)
             if made is not None:
                 return made
         variant = nearest_variant(entry, rows, cols)
@@ -114,11 +120,12 @@ class OpKernels:
         self.chosen[(dtype, rows, cols)] = variant.get("candidate", entry["candidate"])
         return self._loaded[(variant["cubin"], device)], entry, variant["params"]
 
-    def _jit_kernel(self, entry: dict, dtype: str, device: int, rows: int, cols: int):
-        """The JIT's kernel for an untuned shape, or None to run the nearest tuned shape's."""
+    def _jit_kernel(self, entry: dict, dtype: str, device: int, rows: int, cols: int, tune: bool):
+        """The JIT's kernel for an untuned shape, or None to run the nearest tuned shape's. Without
+        `tune`, the prior's first valid pick (or the choice timed earlier), timing nothing."""
         try:
             made = self.instance.jit.kernel_for(self.op.name, dtype, rows, cols, validate=self._validator(dtype),
-                                                timer=self._timer(dtype))
+                                                timer=self._timer(dtype) if tune else None)
         except JitError as err:
             log.warning("aicg: %s; running the nearest tuned shape's kernel", err)
             return None
@@ -131,6 +138,7 @@ class OpKernels:
             driver.use_primary_context(device)
             self._loaded[key] = driver.Kernel(made.cubin, entry["entry"])
         self.chosen[(dtype, rows, cols)] = made.candidate
+        (self.untimed.add if made.timed is False else self.untimed.discard)((dtype, device, rows, cols))
         return self._loaded[key], entry, made.params
 
     def _validator(self, dtype: str):
@@ -168,7 +176,6 @@ class OpKernels:
             raise ValueError("x: expected at least one dimension (rows are the last one)")
         cols = xv.shape[-1]
         rows = math.prod(xv.shape[:-1])
-        launch, arguments, grid, block, shared = self._launch_for(xv.dtype, xv.device, max(rows, 1), max(cols, 1))
         vector_views = []
         for name, v in zip(named, inputs):
             vv = arrays.view(v, name)
@@ -187,10 +194,11 @@ class OpKernels:
                 raise ValueError(f"out: expected shape {out_shape} and dtype {xv.dtype}, got {ov.shape} {ov.dtype}")
             if not ov.dense:   # only inputs may be strided: kernels write their output densely
                 raise ValueError(f"out: expected a contiguous array, got rows {ov.row_stride} elements apart")
-        if rows == 0 or cols == 0:
+        if rows == 0 or cols == 0:   # nothing to compute: no kernel is planned, compiled or launched
             return ov.obj
         if rows >= 2**31 or cols >= 2**31 or max([xv.row_stride] + [v.row_stride for v in vector_views]) >= 2**31:
             raise ValueError(f"x: rows, cols and row strides must each be below 2**31, got {rows} x {cols}")
+        launch, arguments, grid, block, shared = self._launch_for(xv.dtype, xv.device, rows, cols)
         values = {"x": xv.ptr, "y": ov.ptr, "rows": rows, "cols": cols, "x_stride": xv.row_stride}
         for name, vv in zip(named, vector_views):
             values[name] = vv.ptr
@@ -212,10 +220,17 @@ def _signing_key(given: bytes | None) -> bytes | None:
         raise InstanceError(str(err)) from None
 
 
+TUNE_MODES = ("explicit", "first call")
+
+
 class Instance:
-    def __init__(self, path, allow_unvalidated: bool = False, jit: bool = True, signing_key: bytes | None = None):
+    def __init__(self, path, allow_unvalidated: bool = False, jit: bool = True, signing_key: bytes | None = None,
+                 tune: str = "explicit"):
+        if tune not in TUNE_MODES:
+            raise ValueError(f"tune: expected one of {', '.join(map(repr, TUNE_MODES))}, got {tune!r}")
         self.path = Path(path)
         self.allow_unvalidated = allow_unvalidated
+        self.tune_first_call = tune == "first call"
         manifest_path = self.path / "manifest.json"
         if not manifest_path.is_file():
             raise InstanceError(f"{manifest_path}: no manifest; build the instance with `doit build` first")
@@ -243,6 +258,17 @@ class Instance:
         self.jit = (Jit(self.path, packaged, key) if jit and (self.path / "source" / "profile.toml").is_file()
                     else None)
 
+    def tune(self) -> list[tuple]:
+        """Time the best few candidates of every shape the JIT has served with its first pick alone,
+        and run the fastest from now on (the choice is cached for later processes). Returns the
+        (op, dtype, rows, cols) it tuned. Call it where a pause is affordable: after a warm-up pass."""
+        tuned = []
+        for op in self.ops.values():
+            for dtype, device, rows, cols in sorted(op.untimed):
+                op._launch_for(dtype, device, rows, cols, tune=True)
+                tuned.append((op.op.name, dtype, rows, cols))
+        return tuned
+
     @property
     def jit_events(self) -> list[dict]:
         """What the JIT compiled and validated in this process, with times."""
@@ -258,12 +284,15 @@ class Instance:
         raise AttributeError(f"instance {self.__dict__.get('path')} has no operator {name!r}{why}")
 
 
-def load(path, allow_unvalidated: bool = False, jit: bool = True, signing_key: bytes | None = None) -> Instance:
+def load(path, allow_unvalidated: bool = False, jit: bool = True, signing_key: bytes | None = None,
+         tune: str = "explicit") -> Instance:
     """The packaged instance at `path` (build/<instance>) as callable operators: `inst.softmax(x)`.
 
     allow_unvalidated: also expose kernels not validated on the target (or validated only by an
     unsigned remote store). jit: plan, compile and validate kernels for shapes outside the workload
     on first use. signing_key: check the manifest's and the JIT records' signatures with this key
     (default: the key in AICG_SIGNING_KEY_FILE, if set; without one the directory is trusted).
+    tune: "explicit" (a new shape's first call runs the prior's best valid kernel; `inst.tune()`
+    times the alternatives) or "first call" (the first call times them before answering).
     """
-    return Instance(path, allow_unvalidated, jit, signing_key)
+    return Instance(path, allow_unvalidated, jit, signing_key, tune)

@@ -28,6 +28,7 @@ validation outcome is never read from a file anyone could have written.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -70,6 +71,7 @@ class JitKernel:
     cubin: bytes
     origin: str              # "packaged", "jit cache" or "compiled"
     validation: str          # "passed", "failed", "unvalidated" ("packaged": the build's)
+    timed: bool | None = None   # chosen by timing (now or earlier); False: the prior's pick, not timed yet
 
 
 def _spills(resources: dict) -> bool | None:
@@ -166,6 +168,10 @@ class Jit:
         if not usable:
             raise JitError(f"no kernel for {op} {dtype} at {rows}x{cols}: every legal candidate was rejected "
                            f"({', '.join(tried) or 'none legal'})")
+        if choice is not None:
+            return self._note(op, dtype, (rows, cols), dataclasses.replace(usable[0], timed=True))
+        if timer is None:   # the caller asked for no timing now: the prior's first valid pick
+            return self._note(op, dtype, (rows, cols), dataclasses.replace(usable[0], timed=False))
         if len(usable) == 1:
             return self._note(op, dtype, (rows, cols), usable[0])
         began = time.perf_counter()
@@ -180,7 +186,7 @@ class Jit:
                             "chosen": fastest.candidate, "timed": timed, "seconds": time.perf_counter() - began})
         log.info("aicg: timed %s at %dx%d in %.2f s: %s", ", ".join(timed), *timed_shape,
                  self.events[-1]["seconds"], fastest.candidate)
-        return self._note(op, dtype, (rows, cols), fastest)
+        return self._note(op, dtype, (rows, cols), dataclasses.replace(fastest, timed=True))
 
     def _choice_path(self, op: str, dtype: str, shape, ranked, gpu: str) -> Path:
         """Where the timed choice for a shape class lives: keyed by what was ranked, so a changed plan times again."""
