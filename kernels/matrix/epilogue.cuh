@@ -1,0 +1,113 @@
+// The matrix family's epilogue: what happens to an accumulated dot product on
+// its way to memory, shared by every realisation (wgmma, mma.sync, decode).
+//
+//   y[row, col] = round_T( residual[row, col] + act(acc + bias[col]) )
+//
+// Everything before the one final rounding happens in float, the
+// accumulator's precision: the bias and the residual are widened from T, the
+// activation is evaluated with the accurate libdevice functions (tanhf,
+// erff, expf: a few float ulps each), and only the stored value is rounded.
+// GELU comes in both published forms: the tanh approximation (PyTorch's
+// approximate="tanh") and the exact erf form (PyTorch's default).
+//
+// Rows and columns past M and N are never written (ragged edges clip here).
+#pragma once
+#include "aicg_types.cuh"
+
+namespace aicg {
+namespace matrix {
+
+enum Activation { ACT_NONE = 0, ACT_GELU_TANH = 1, ACT_GELU_ERF = 2, ACT_SILU = 3 };
+
+template <int ACT>
+__device__ __forceinline__ float activate(float x) {
+  if constexpr (ACT == ACT_GELU_TANH) {
+    const float sqrt_2_over_pi = 0.7978845608028654f, cubic = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + cubic * x * x * x)));
+  } else if constexpr (ACT == ACT_GELU_ERF) {
+    return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+  } else if constexpr (ACT == ACT_SILU) {
+    return x / (1.0f + expf(-x));   // -x large: expf is inf and the quotient a signed zero, as in float64
+  } else {
+    return x;
+  }
+}
+
+// Where the results go and what joins them. `pairs` says whether two
+// horizontally adjacent elements may move as one 4-byte access: every row
+// start of c and residual, and bias, 4-byte aligned (even leading dimensions,
+// aligned pointers). The fragment layouts of all realisations hand each thread
+// pairs of adjacent columns starting at an even column, so a pair never
+// straddles that alignment.
+template <typename T, int ACT, bool BIAS, bool RESIDUAL>
+struct Epilogue {
+  T* c;
+  long long ldc;
+  const T* bias;
+  const T* residual;
+  long long ldr;
+  int m, n;
+  bool pairs;
+
+  __device__ __forceinline__ Epilogue(T* c_, int ldc_, const T* bias_, const T* residual_, int ldr_, int m_, int n_)
+      : c(c_), ldc(ldc_), bias(bias_), residual(residual_), ldr(ldr_), m(m_), n(n_) {
+    unsigned long long addresses = reinterpret_cast<unsigned long long>(c_);
+    long long lds = ldc_;
+    if constexpr (BIAS) addresses |= reinterpret_cast<unsigned long long>(bias_);
+    if constexpr (RESIDUAL) {
+      addresses |= reinterpret_cast<unsigned long long>(residual_);
+      lds |= ldr_;
+    }
+    pairs = (addresses & 3) == 0 && (lds & 1) == 0;
+  }
+
+  __device__ __forceinline__ float finish(long long row, int col, float acc, float b) const {
+    float v = activate<ACT>(acc + b);
+    if constexpr (RESIDUAL) v += to_float(residual[row * ldr + col]);
+    return v;
+  }
+
+  // Results for (row, col) and (row, col + 1); col is even.
+  __device__ __forceinline__ void store2(int row, int col, float v0, float v1) const {
+    if (row >= m || col >= n) return;
+    const long long r = row;
+    if (pairs && col + 1 < n) {
+      float b0 = 0.0f, b1 = 0.0f;
+      if constexpr (BIAS) {
+        const unsigned word = *reinterpret_cast<const unsigned*>(bias + col);
+        b0 = half_of(word, 0, T{});
+        b1 = half_of(word, 1, T{});
+      }
+      float y0 = activate<ACT>(v0 + b0), y1 = activate<ACT>(v1 + b1);
+      if constexpr (RESIDUAL) {
+        const unsigned word = *reinterpret_cast<const unsigned*>(residual + r * ldr + col);
+        y0 += half_of(word, 0, T{});
+        y1 += half_of(word, 1, T{});
+      }
+      *reinterpret_cast<unsigned*>(c + r * ldc + col) = round_pair(y0, y1, T{});
+      return;
+    }
+    float b0 = 0.0f;
+    if constexpr (BIAS) b0 = to_float(bias[col]);
+    c[r * ldc + col] = from_float<T>(finish(r, col, v0, b0));
+    if (col + 1 < n) {
+      float b1 = 0.0f;
+      if constexpr (BIAS) b1 = to_float(bias[col + 1]);
+      c[r * ldc + col + 1] = from_float<T>(finish(r, col + 1, v1, b1));
+    }
+  }
+};
+
+// An accumulator fragment of the m16n8 shape that mma.sync and each warp of a
+// wgmma produce: for lane l, v[0], v[1] at (row0 + l/4, col0 + 2(l%4) + {0,1})
+// and v[2], v[3] eight rows below.
+template <typename E>
+__device__ __forceinline__ void store_fragment(const E& ep, int row0, int col0, const float* v) {
+  const int lane = threadIdx.x % 32;
+  const int row = row0 + lane / 4, col = col0 + 2 * (lane % 4);
+  ep.store2(row, col, v[0], v[1]);
+  ep.store2(row + 8, col, v[2], v[3]);
+}
+
+}  // namespace matrix
+}  // namespace aicg

@@ -1,0 +1,39 @@
+// Tile bookkeeping shared by the matrix family's realisations: operand
+// layouts, the order in which output tiles are walked, shared addresses.
+#pragma once
+
+namespace aicg {
+namespace matrix {
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+enum Major { K_MAJOR = 0, MN_MAJOR = 1 };   // an operand's contiguous dimension
+enum Raster { RASTER_M = 0, RASTER_N = 1 }; // the dimension a band of GROUP tiles spans
+
+// Tile t of tiles_m x tiles_n in grouped order: bands GROUP tiles wide along
+// the raster dimension, walked down that dimension first, so the CTAs working
+// at one time share a few rows of A and a few columns of B in L2. The last
+// band may be narrower; every t below tiles_m * tiles_n maps to one tile.
+template <int RASTER, int GROUP>
+__device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+  if constexpr (RASTER == RASTER_M) {
+    const int band = t / (GROUP * tiles_n), first = band * GROUP;
+    const int width = min(GROUP, tiles_m - first), within = t - band * GROUP * tiles_n;
+    tm = first + within % width;
+    tn = within / width;
+  } else {
+    const int band = t / (GROUP * tiles_m), first = band * GROUP;
+    const int width = min(GROUP, tiles_n - first), within = t - band * GROUP * tiles_m;
+    tn = first + within % width;
+    tm = within / width;
+  }
+}
+
+// The start of a 64-wide box along a dimension of `extent`: `start`, or the
+// last 64-aligned start inside the tensor where `start` lies past it.
+__device__ __forceinline__ int box_start(int start, int extent) { return min(start, ((extent - 1) / 64) * 64); }
+
+}  // namespace matrix
+}  // namespace aicg
