@@ -8,8 +8,8 @@
 //                a warp, TILES groups of 8 (8 rows of W each)
 //   split-K      grid.y = splits: split s sums K range [s k_split, (s+1) k_split)
 //   loads        per 32-wide K step a lane loads 16 bytes (8 elements) of one
-//                W row per tile, and 16 bytes of A rows l/4 and l/4 + 8;
-//                UNROLL steps are loaded before any is used
+//                W row per tile, and 16 bytes of A rows l/4 and l/4 + 8; W is
+//                software-pipelined UNROLL steps ahead of the math
 //   math         mma.sync m16n8k16 on the loaded registers as they are: the
 //                8 consecutive K of a lane's 16 bytes serve as the k-slots
 //                {2q, 2q+1, 2q+8, 2q+9} (q = lane % 4) of two MMAs, and A and
@@ -62,23 +62,41 @@ __device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int
   const T* a_lo_row = a + static_cast<long long>(a_lo ? r : 0) * lda + 8 * q;
   const T* a_hi_row = a + static_cast<long long>(a_hi ? r + 8 : 0) * lda + 8 * q;
   const uint4 zero = make_uint4(0, 0, 0, 0);
+  constexpr int STEP = 32 * UNROLL;
 
-  for (int k0 = k_begin; k0 < k_end; k0 += 32 * UNROLL) {
-    uint4 wv[UNROLL][TILES], lo[UNROLL], hi[UNROLL];
+  // W for the K range [k0, k0 + STEP): UNROLL steps of TILES 16-byte vectors a lane, none past
+  // k_end (whole 8-element vectors: K and the splits are multiples of 8) or past N.
+  auto load_w = [&](uint4 (&v)[UNROLL][TILES], int k0) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int kk = k0 + 32 * u;
-      const bool k_ok = kk + 8 * q < k_end;   // whole 8-element vectors: K and the splits are multiples of 8
+      const bool k_ok = kk + 8 * q < k_end;
 #pragma unroll
-      for (int t = 0; t < TILES; ++t) wv[u][t] = (k_ok && w_ok[t]) ? load_streaming_16(w_rows[t] + kk) : zero;
-      lo[u] = (k_ok && a_lo) ? load_shared_input_16(a_lo_row + kk) : zero;
-      hi[u] = (k_ok && a_hi) ? load_shared_input_16(a_hi_row + kk) : zero;
+      for (int t = 0; t < TILES; ++t) v[u][t] = (k_ok && w_ok[t]) ? load_streaming_16(w_rows[t] + kk) : zero;
     }
+  };
+
+  // Software pipelined over the K range: the next STEP of W is requested before the math on
+  // this one, so a warp always has UNROLL x TILES loads in flight while it computes. A comes
+  // from L1 (every warp of the CTA reads the same K range of it) just before its use.
+  uint4 next[UNROLL][TILES];
+  load_w(next, k_begin);
+  for (int k0 = k_begin; k0 < k_end; k0 += STEP) {
+    uint4 wv[UNROLL][TILES];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) wv[u][t] = next[u][t];
+    load_w(next, k0 + STEP);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
+      const int kk = k0 + 32 * u;
+      const bool k_ok = kk + 8 * q < k_end;
+      const uint4 lo = (k_ok && a_lo) ? load_shared_input_16(a_lo_row + kk) : zero;
+      const uint4 hi = (k_ok && a_hi) ? load_shared_input_16(a_hi_row + kk) : zero;
       // first MMA: the lane's K offsets 0-3 as k-slots (2q, 2q+1, 2q+8, 2q+9); second: offsets 4-7
-      const unsigned a0[4] = {lo[u].x, hi[u].x, lo[u].y, hi[u].y};
-      const unsigned a1[4] = {lo[u].z, hi[u].z, lo[u].w, hi[u].w};
+      const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
+      const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
 #pragma unroll
       for (int t = 0; t < TILES; ++t) {
         const unsigned b0[2] = {wv[u][t].x, wv[u][t].y};

@@ -1,0 +1,167 @@
+"""The matrix family's parameter space (aicg/matrix/space.py, space.toml) and each template's
+constraints (aicg/matrix/templates/): which knob settings a GPU can run, and why not."""
+from __future__ import annotations
+
+import pytest
+
+from aicg import hw
+from aicg.errors import InputError
+from aicg.matrix import space
+from aicg.matrix.space import Epilogue
+from aicg.matrix.templates import RULES, GpuLimits
+
+
+@pytest.fixture(scope="module")
+def hopper(repo):
+    return GpuLimits.of_hardware(hw.load(repo / "hwdb" / "h100-sxm.toml"))
+
+
+@pytest.fixture(scope="module")
+def ampere(repo):
+    return GpuLimits.of_hardware(hw.load(repo / "hwdb" / "a100-sxm4-80gb.toml"))
+
+
+@pytest.fixture(scope="module")
+def ada(repo):
+    return GpuLimits.of_hardware(hw.load(repo / "hwdb" / "l4.toml"))
+
+
+def legal(template, limits, **fixed):
+    """Knob settings of `template` (bf16, A and B K-major unless `fixed` says) legal under `limits`."""
+    a, b = fixed.pop("a", "k"), fixed.pop("b", "k")
+    found = []
+    for knobs in space.knob_settings(template):
+        if any(knobs[k] != v for k, v in fixed.items()):
+            continue
+        real = space.realisation(template, "bfloat16", a, b, Epilogue(), **knobs)
+        if not RULES[template].violations(real, limits):
+            found.append(real)
+    return found
+
+
+def test_templates_read_from_space_toml():
+    tpls = space.templates()
+    assert set(tpls) == {"wgmma", "mma", "gemv"}
+    assert tpls["wgmma"].header == "matrix/gemm_wgmma.cuh" and tpls["wgmma"].compute_capability == (9, 0)
+    assert tpls["wgmma"].runs_on((9, 0)) and not tpls["wgmma"].runs_on((10, 0)) and not tpls["wgmma"].runs_on((8, 9))
+    assert tpls["mma"].runs_on((8, 0)) and tpls["mma"].runs_on((9, 0)) and not tpls["mma"].runs_on((7, 5))
+    assert tpls["gemv"].a_layouts == ("k",) and tpls["gemv"].b_layouts == ("k",)
+    assert all(tpls[t].tried for t in tpls)
+
+
+def test_every_tried_setting_is_legal_where_its_template_runs(hopper, ampere):
+    for name, tpl in space.templates().items():
+        for knobs in tpl.tried:
+            real = space.realisation(name, "bfloat16", "k", "k", Epilogue(), **knobs)
+            assert RULES[name].violations(real, hopper) == [], (name, knobs)
+            if name != "wgmma":
+                assert RULES[name].violations(real, ampere) == [], (name, knobs)
+
+
+def test_realisation_names_are_unique_and_say_their_knobs():
+    reals = [space.realisation("wgmma", "bfloat16", a, b, Epilogue(), **k)
+             for k in space.knob_settings("wgmma") for a in ("k", "mn") for b in ("k", "mn")]
+    names = {r.name for r in reals}
+    assert len(names) == len(reals)
+    r = space.realisation("wgmma", "float16", "k", "mn", Epilogue("gelu_tanh", True, True), **space.templates()["wgmma"].tried[1])
+    assert r.name == "wgmma.f16.kmn.bm128_bn256_c2_g8_rm_s4.bias+gelu_tanh+residual"
+    assert space.Realisation.from_dict(r.as_dict()) == r
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"block_m": 96}, "knob block_m = 96"), ({"stages": True}, "knob stages = True"),
+    ({"tiles": 2}, "unknown ['tiles']"), ({"group": None}, "knob group = None")])
+def test_realisation_rejects_knobs_outside_the_domain(change, message):
+    knobs = dict(space.templates()["wgmma"].tried[0], **change)
+    if change.get("tiles"):
+        knobs.pop("tiles")
+        knobs["tiles"] = 2
+    with pytest.raises(ValueError) as err:
+        space.realisation("wgmma", "bfloat16", "k", "k", Epilogue(), **knobs)
+    assert message in str(err.value)
+
+
+def test_realisation_rejects_layouts_dtypes_and_activations_it_does_not_take():
+    with pytest.raises(ValueError, match="takes A layouts"):
+        space.realisation("gemv", "bfloat16", "mn", "k", Epilogue(), **space.templates()["gemv"].tried[0])
+    with pytest.raises(ValueError, match="the matrix family takes bfloat16, float16"):
+        space.realisation("gemv", "float32", "k", "k", Epilogue(), **space.templates()["gemv"].tried[0])
+    with pytest.raises(ValueError, match="activation 'relu'"):
+        Epilogue("relu")
+
+
+def test_space_toml_errors_name_file_and_key(tmp_path, raises_input_error):
+    path = tmp_path / "space.toml"
+    text = space.SPACE_FILE.read_text().replace("stages = [2, 3, 4, 5, 6]", "stages = [2, 3, 4, 5, 6]\ncolour = 3", 1)
+    path.write_text(text)
+    with pytest.raises(InputError) as err:
+        space.templates(path)
+    assert "templates.wgmma.knobs.colour" in str(err.value)
+    bad = space.SPACE_FILE.read_text().replace("block_m = 128\nblock_n = 256\nstages = 4", "block_m = 96\nblock_n = 256\nstages = 4", 1)
+    path.write_text(bad)
+    with raises_input_error(path, "templates.wgmma.tried[0]", "a value for each knob"):
+        space.templates(path)
+
+
+def test_wgmma_shared_memory_and_accumulators_decide_the_legal_tiles(hopper):
+    rules = RULES["wgmma"]
+    reals = legal("wgmma", hopper, cluster_m=1, raster="m", group=8)
+    by_tile = {}
+    for r in reals:
+        by_tile.setdefault((r.knob("block_m"), r.knob("block_n")), []).append(r.knob("stages"))
+    # 128 x 256: 48 KiB a stage, 4 stages fit the 227 KiB opt-in, 5 do not
+    assert max(by_tile[(128, 256)]) == 4
+    assert max(by_tile[(128, 128)]) == 6 and max(by_tile[(256, 128)]) == 4
+    # 256 x 256 would give each consumer 128 rows x 256 columns: 256 accumulators a thread
+    assert (256, 256) not in by_tile
+    bad = space.realisation("wgmma", "bfloat16", "k", "k", Epilogue(), block_m=256, block_n=256, stages=2,
+                            cluster_m=1, raster="m", group=8)
+    assert any("256 accumulators" in v for v in rules.violations(bad, hopper))
+    five = space.realisation("wgmma", "bfloat16", "k", "k", Epilogue(), block_m=128, block_n=256, stages=5,
+                             cluster_m=1, raster="m", group=8)
+    assert rules.dynamic_shared_bytes(five) == 5 * 384 * 128 + 1024
+    assert any("shared memory" in v for v in rules.violations(five, hopper))
+
+
+def test_wgmma_needs_exactly_hopper_and_whole_box_shares(hopper, ampere):
+    real = space.realisation("wgmma", "bfloat16", "k", "mn", Epilogue(), block_m=128, block_n=192, stages=3,
+                             cluster_m=2, raster="m", group=8)
+    found = RULES["wgmma"].violations(real, hopper)
+    assert found == ["3 boxes of B do not split over 2 CTAs"]
+    k_major = space.realisation("wgmma", "bfloat16", "k", "k", Epilogue(), block_m=128, block_n=192, stages=3,
+                                cluster_m=2, raster="m", group=8)
+    assert RULES["wgmma"].violations(k_major, hopper) == []
+    assert any("compute capability 9.0 only" in v for v in RULES["wgmma"].violations(k_major, ampere))
+
+
+def test_mma_constraints(hopper, ada):
+    rules = RULES["mma"]
+    reals = legal("mma", hopper, block_k=32, aligned=True, raster="m", group=8, stages=3)
+    assert reals and all(rules.accumulators(r) <= 128 for r in reals)
+    one_warp = space.realisation("mma", "bfloat16", "k", "k", Epilogue(), block_m=128, block_n=128, block_k=32,
+                                 warps_m=1, warps_n=1, stages=2, aligned=True, raster="m", group=8)
+    assert any("512 accumulators" in v for v in rules.violations(one_warp, hopper))
+    # the same tile, deeper ring: fits the H100's 227 KiB, not the L4's 99 KiB
+    deep = space.realisation("mma", "bfloat16", "k", "k", Epilogue(), block_m=256, block_n=256, block_k=64,
+                             warps_m=4, warps_n=4, stages=4, aligned=True, raster="m", group=8)
+    assert rules.dynamic_shared_bytes(deep) == 4 * 2 * (256 * 72 + 256 * 72)
+    assert any("shared memory" in v for v in rules.violations(deep, hopper))
+    deep3 = space.realisation("mma", "bfloat16", "k", "k", Epilogue(), block_m=128, block_n=256, block_k=64,
+                              warps_m=2, warps_n=4, stages=3, aligned=True, raster="m", group=8)
+    assert rules.violations(deep3, hopper) == [] and any("shared memory" in v for v in rules.violations(deep3, ada))
+    # the MN-major layouts pad the other dimension
+    mn = space.realisation("mma", "bfloat16", "mn", "mn", Epilogue(), **space.templates()["mma"].tried[0])
+    assert rules.dynamic_shared_bytes(mn) == 4 * 2 * (32 * 136 + 32 * 136)
+
+
+def test_gemv_register_estimate_rules_out_the_widest_settings(hopper):
+    reals = legal("gemv", hopper)
+    settings = {(r.knob("tiles"), r.knob("unroll")) for r in reals}
+    assert (4, 8) not in settings and (1, 8) in settings and (4, 4) in settings
+
+
+def test_legal_space_sizes(hopper):
+    """The space the opt-in full compile covers (tests/test_matrix_build.py): every legal knob setting."""
+    assert 100 < len(legal("wgmma", hopper)) < 400
+    assert 50 < len(legal("mma", hopper)) < 1500
+    assert 10 < len(legal("gemv", hopper)) <= 18
