@@ -48,23 +48,45 @@ LIPSCHITZ = {"none": 1.0, "gelu_tanh": 1.13, "gelu_erf": 1.13, "silu": 1.10}
 SMALLEST_SUBNORMAL = {"bfloat16": 2.0**-133, "float16": 2.0**-24}
 
 
-def draw(problem: Problem, trial: int, rng) -> dict[str, np.ndarray]:
-    """Logical operands (float32 values already rounded to the dtype): a (M x K), b (K x N),
-    bias (N), residual (M x N). Even trials: zero-mean normals; odd trials: shifted by 0.5, so
-    every product has a positive mean and a row's sum grows with K. B is scaled by 1/sqrt(K)
-    so that outputs stay well inside float16's range."""
+def operands(problem: Problem) -> list[str]:
+    return ["a", "b"] + (["bias"] if problem.epilogue.bias else []) + (["residual"] if problem.epilogue.residual else [])
+
+
+def operand_key(name: str, problem: Problem, trial: int) -> tuple:
+    """What a drawn operand depends on: problems sharing it may share one draw."""
+    shape = {"a": (problem.m, problem.k), "b": (problem.k, problem.n), "bias": (problem.n,),
+             "residual": (problem.m, problem.n)}[name]
+    return name, shape, problem.dtype, trial % 2
+
+
+def draw_operand(name: str, problem: Problem, trial: int, rng) -> np.ndarray:
+    """One logical operand as float32 values already rounded to the dtype: a (M x K), b (K x N),
+    bias (N), residual (M x N). Even trials: zero-mean normals; odd trials: a and b shifted by
+    0.5, so every product has a positive mean and a row's sum grows with K. B is scaled by
+    1/sqrt(K) so that outputs stay well inside float16's range."""
     dtype = DTYPES[problem.dtype]
-    shift = 0.0 if trial % 2 == 0 else 0.5
-    scale = 1.0 / math.sqrt(problem.k)
-    values = {
-        "a": rng.standard_normal((problem.m, problem.k), dtype=np.float32) + shift,
-        "b": (rng.standard_normal((problem.k, problem.n), dtype=np.float32) + shift) * np.float32(scale),
-    }
-    if problem.epilogue.bias:
-        values["bias"] = rng.standard_normal(problem.n, dtype=np.float32)
-    if problem.epilogue.residual:
-        values["residual"] = rng.standard_normal((problem.m, problem.n), dtype=np.float32)
-    return {name: dtype.decode(dtype.encode(v)).reshape(v.shape) for name, v in values.items()}
+    _, shape, _, parity = operand_key(name, problem, trial)
+    values = rng.standard_normal(shape, dtype=np.float32)
+    if name in ("a", "b") and parity:
+        values += np.float32(0.5)
+    if name == "b":
+        values *= np.float32(1.0 / math.sqrt(problem.k))
+    return dtype.decode(dtype.encode(values)).reshape(shape)
+
+
+def draw(problem: Problem, trial: int, rng, cache: dict | None = None) -> dict[str, np.ndarray]:
+    """Every logical operand of `problem` for `trial`; drawn ones are kept in `cache` (by
+    operand_key) for later problems that share them."""
+    found = {}
+    for name in operands(problem):
+        key = operand_key(name, problem, trial)
+        if cache is not None and key in cache:
+            found[name] = cache[key]
+            continue
+        found[name] = draw_operand(name, problem, trial, rng)
+        if cache is not None:
+            cache[key] = found[name]
+    return found
 
 
 def stored(problem: Problem, logical: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -29,6 +29,8 @@ _KERNELS_KEPT = 6
 
 _kernels: dict[str, MatmulKernel] = {}
 _problem: dict = {}       # the current problem's inputs, operands, references and checked rows
+_drawn: dict = {}         # logical operands by reference.operand_key, the latest few
+_DRAWN_KEPT = 8
 _flush: list = []
 
 
@@ -48,7 +50,9 @@ def _inputs(problem: Problem, splits: int) -> dict:
             _problem["operands"].free()
         _problem.clear()
         rng = np.random.default_rng()
-        trials = [reference.draw(problem, t, rng) for t in range(TRIALS)]
+        trials = [reference.draw(problem, t, rng, _drawn) for t in range(TRIALS)]
+        while len(_drawn) > _DRAWN_KEPT:
+            _drawn.pop(next(iter(_drawn)))
         _problem.update(key=key, trials=trials, rows=reference.checked_rows(problem.m, rng),
                         operands=check.Operands(problem), references={})
     if splits not in _problem["references"]:

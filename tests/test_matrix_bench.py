@@ -1,0 +1,87 @@
+"""tests/bench/matmul_bench.py's parts that need no GPU: which realisations a run tries on a
+GPU of each kind, the ragged problems, the failure report, the JSON record, the arguments."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aicg import hw
+from aicg.matrix.problem import Problem
+from aicg.matrix.templates import RULES, GpuLimits
+
+
+@pytest.fixture(scope="module")
+def bench(bench_module):
+    return bench_module("matmul_bench")
+
+
+def limits(repo, entry):
+    return GpuLimits.of_hardware(hw.load(repo / "hwdb" / f"{entry}.toml"))
+
+
+def test_a_hopper_run_tries_every_template_layout_dtype_and_epilogue(bench, repo):
+    reals = bench.realisations((9, 0), limits(repo, "h100-sxm"))
+    names = [r.name for r in reals]
+    assert len(names) == len(set(names))
+    for template in ("wgmma", "mma"):
+        ours = [r for r in reals if r.template == template]
+        assert {(r.a_major, r.b_major) for r in ours} == {("k", "k"), ("k", "mn"), ("mn", "k"), ("mn", "mn")}
+        assert {r.dtype for r in ours} == {"bfloat16", "float16"}
+        assert {r.epilogue.activation for r in ours} == {"none", "gelu_tanh", "gelu_erf", "silu"}
+        assert any(r.epilogue == bench.FUSED_EPILOGUE for r in ours)
+    assert any(r.knob("cluster_m") == 2 for r in reals if r.template == "wgmma")
+    assert any(not r.knob("aligned") for r in reals if r.template == "mma")
+    assert {r.template for r in reals} == {"wgmma", "mma", "gemv"}
+    hopper = limits(repo, "h100-sxm")
+    assert all(RULES[r.template].violations(r, hopper) == [] for r in reals)
+
+
+def test_an_ampere_run_leaves_wgmma_out(bench, repo):
+    reals = bench.realisations((8, 0), limits(repo, "a100-sxm4-80gb"))
+    assert reals and {r.template for r in reals} == {"mma", "gemv"}
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 7, 64), (127, 1000, 129), (129, 127, 4097)])
+def test_ragged_problems_pad_rows_to_whole_vectors(bench, repo, m, n, k):
+    for real in bench.realisations((9, 0), limits(repo, "h100-sxm")):
+        p = bench.ragged_problem(real, m, n, k)
+        assert p.lda % 8 == 0 and p.ldb % 8 == 0 and p.lda >= p.a_stored[1] and p.ldb >= p.b_stored[1]
+        assert p.ldc == n + 3 and p.ldr == n + 5
+        reason = RULES[real.template].unsupported(real, p)
+        if real.template == "gemv":
+            assert (reason is None) == (m <= 16 and k % 8 == 0)
+        else:
+            assert reason is None
+
+
+def test_a_failure_prints_where_the_output_is_wrong(bench, capsys):
+    result = {"validation": {"status": "failed", "checks": [
+        {"passed": True, "trial": 1},
+        {"passed": False, "trial": 0, "worst_error_over_bound": 1e4, "unwritten": 0, "repeatable": False,
+         "mismatch": {"wrong": 5, "checked": 16384, "rows": "0-63", "columns": "64-127", "unwritten": 0,
+                      "examples": [[0, 64, 1.5, -2.0]], "map": [".." + "xx", "...."]}}]}}
+    bench.print_failure(result)
+    out = capsys.readouterr().out
+    assert "trial 0: worst error 1e+04x the bound" in out and "not repeatable" in out
+    assert "rows 0-63; columns 64-127" in out and "C[0,64] = 1.5, expected -2" in out and "..xx" in out
+    bench.print_failure({"fault": "a launch did not finish within 20 s (hang guard)"})
+    assert "hang guard" in capsys.readouterr().out
+    assert bench.verdict({"fault": "x"}) == "FAULT" and bench.verdict({"skipped": "m = 17"}) == "n/a"
+
+
+def test_the_record_is_valid_json_after_every_case(bench, tmp_path):
+    path = tmp_path / "m.json"
+    rec = bench.Recorder(str(path), {"device": {"name": "x"}})
+    rec.case("tiny", {"realisation": "r", "problem": Problem(1, 2, 8).name, "validation": {"status": "passed"}})
+    data = json.loads(path.read_text())
+    assert data["cases"][0]["stage"] == "tiny" and data["device"]["name"] == "x"
+    rec.peer("grid", {"name": "copy", "bytes_per_second": 3e12})
+    assert json.loads(path.read_text())["peers"][0]["name"] == "copy"
+
+
+def test_arguments(bench):
+    args = bench.parse(["--grid-m", "1,16", "--grid-nk", "4096x4096", "--stages", "tiny,grid"])
+    assert args.grid_m == [1, 16] and args.grid_nk == [(4096, 4096)] and args.stages == ["tiny", "grid"]
+    quick = bench.parse(["--quick"])
+    assert quick.stages == ["tiny", "ragged"] and quick.reps == 5

@@ -1,0 +1,260 @@
+"""The matrix family's host side without a GPU: problem and argument checks, TMA descriptor
+arithmetic, launch geometry, inputs as stored, and the float64 bound (aicg/matrix/reference.py)
+held to account: a float32 emulation of the kernels' arithmetic passes it, and the wrong
+kernels the adversarial suite names (a skipped k slice, a transposed operand, an epilogue
+applied twice, a bias left out, rows shifted) fail it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aicg.dtypes import DTYPES
+from aicg.matrix import check, reference, space, tensormap
+from aicg.matrix.launch import check_arguments
+from aicg.matrix.problem import Problem
+from aicg.matrix.space import Epilogue
+from aicg.matrix.templates import RULES
+
+TRIED = {name: tpl.tried for name, tpl in space.templates().items()}
+POINTERS = {"a": 0x10000, "b": 0x20000, "c": 0x30000, "bias": 0x40000, "residual": 0x50000}
+
+
+def real(template, a="k", b="k", epilogue=Epilogue(), dtype="bfloat16", i=0, **change):
+    return space.realisation(template, dtype, a, b, epilogue, **dict(TRIED[template][i], **change))
+
+
+# ---- problems and arguments
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"m": 0}, "m = 0: expected an integer from 1"), ({"k": 2.0}, "k = 2.0"), ({"n": True}, "n = True"),
+    ({"dtype": "float32"}, "dtype = 'float32'"), ({"a_major": "row"}, "a_major = 'row'"),
+    ({"lda": 63}, "lda = 63: a row of 64 elements"), ({"ldc": -1}, "ldc = -1"),
+    ({"epilogue": "gelu"}, "epilogue = 'gelu'")])
+def test_problem_rejects_bad_arguments(kwargs, message):
+    args = dict(m=32, n=48, k=64) | kwargs
+    with pytest.raises(ValueError) as err:
+        Problem(**args)
+    assert message in str(err.value)
+
+
+def test_problem_leading_dimensions_default_to_the_row():
+    p = Problem(5, 7, 9, a_major="mn", b_major="k")
+    assert (p.lda, p.ldb, p.ldc, p.ldr) == (5, 9, 7, 7)
+    assert p.a_stored == (9, 5) and p.b_stored == (7, 9)
+    padded = Problem(5, 7, 9, b_major="mn", ldb=16, ldc=8)
+    assert padded.elements("b") == 8 * 16 + 7 and padded.elements("c") == 4 * 8 + 7
+    assert Problem.from_dict(padded.as_dict()) == padded
+
+
+def test_check_arguments_accepts_a_good_call():
+    p = Problem(128, 256, 64)
+    check_arguments(real("wgmma"), p, {"a": 0x1000, "b": 0x2000, "c": 0x3002})   # c needs only element alignment
+
+
+@pytest.mark.parametrize("r, problem, pointers, message", [
+    (real("wgmma"), Problem(128, 128, 60, lda=60), {}, "lda = 60 is not a multiple of 8"),
+    (real("wgmma", b="mn"), Problem(128, 100, 64, b_major="mn"), {}, "ldb = 100 is not a multiple of 8"),
+    (real("wgmma"), Problem(128, 128, 64, b_major="mn"), {}, "built for bfloat16 kk plain, asked for bfloat16 kmn"),
+    (real("wgmma"), Problem(128, 128, 64, dtype="float16"), {}, "asked for float16"),
+    (real("gemv"), Problem(17, 128, 64), {}, "m = 17: the decode kernel takes at most 16 rows"),
+    (real("gemv"), Problem(8, 128, 60, lda=64, ldb=64), {}, "k = 60 is not a multiple of 8"),
+    (real("wgmma"), Problem(128, 128, 64), {"a": 0x1008}, "a at 0x1008 is not 16-byte aligned"),
+    (real("wgmma"), Problem(128, 128, 64), {"c": 0x3001}, "c at 0x3001 is not 2-byte aligned"),
+    (real("wgmma"), Problem(128, 128, 64), {"b": 0}, "the b pointer is missing or null"),
+    (real("wgmma", epilogue=Epilogue(bias=True)), Problem(128, 128, 64, epilogue=Epilogue(bias=True)), {},
+     "the bias pointer is missing"),
+    (real("wgmma"), Problem(128, 128, 64), {"d": 0x1000}, "unknown operand 'd'"),
+])
+def test_check_arguments_rejects(r, problem, pointers, message):
+    args = {"a": 0x1000, "b": 0x2000, "c": 0x3000} | pointers
+    args = {k: v for k, v in args.items()}
+    with pytest.raises(ValueError) as err:
+        check_arguments(r, problem, args)
+    assert message in str(err.value)
+
+
+def test_unaligned_mma_takes_any_strides_and_pointers():
+    r = real("mma", i=3)
+    assert not r.knob("aligned")
+    check_arguments(r, Problem(7, 9, 13), {"a": 0x1002, "b": 0x2006, "c": 0x300a})
+    with pytest.raises(ValueError, match="lda = 13"):
+        check_arguments(real("mma"), Problem(7, 9, 13), {"a": 0x1000, "b": 0x2000, "c": 0x3000})
+
+
+# ---- TMA descriptors
+
+@pytest.mark.parametrize("a, b, i", [("k", "k", 0), ("k", "mn", 1), ("mn", "k", 2), ("mn", "mn", 4), ("k", "k", 6)])
+def test_tensor_map_boxes_fill_exactly_the_stage_the_barrier_expects(a, b, i):
+    r = real("wgmma", a, b, i=i)
+    k = r.settings
+    p = Problem(1000, 520, 136, a_major=a, b_major=b)
+    sa, sb = tensormap.spec(r, p, "a"), tensormap.spec(r, p, "b")
+    a_copies = 1 if a == "k" else k["block_m"] // 64
+    b_copies = (1 if b == "k" else k["block_n"] // 64 // k["cluster_m"]) * k["cluster_m"]   # all CTAs' shares
+    assert sa.box_bytes * a_copies + sb.box_bytes * b_copies == tensormap.stage_bytes(r)
+    assert sa.dims == (p.a_stored[1], p.a_stored[0]) and sa.stride_bytes == 2 * p.lda
+    assert sb.dims == (p.b_stored[1], p.b_stored[0]) and sb.stride_bytes == 2 * p.ldb
+    assert sa.problems(0x1000) == [] and sb.problems(0x1000) == []
+
+
+def test_tensor_map_spec_names_what_the_driver_would_reject():
+    r = real("wgmma")
+    s = tensormap.spec(r, Problem(64, 64, 64, lda=68), "a")
+    found = s.problems(0x1008)
+    assert any("not 16-byte aligned" in f for f in found) and any("row stride of 136 bytes" in f for f in found)
+    with pytest.raises(ValueError, match="take no tensor maps"):
+        tensormap.spec(real("mma"), Problem(64, 64, 64), "a")
+
+
+# ---- geometry
+
+def test_wgmma_grid_is_persistent_and_whole_clusters():
+    rules = RULES["wgmma"]
+    big = Problem(8192, 8192, 8192)
+    g = rules.geometry(real("wgmma"), big, 132, None)
+    assert g.grid == (132, 1, 1) and g.block == (384, 1, 1) and g.cluster == 1
+    clustered = real("wgmma", i=1)
+    g = rules.geometry(clustered, big, 132, 66)
+    assert g.grid == (132, 1, 1) and g.cluster == 2
+    g = rules.geometry(clustered, big, 132, 60)    # the GPU holds fewer clusters than SMs / 2
+    assert g.grid == (120, 1, 1)
+    # fewer tiles than SMs: one CTA a tile; a cluster pair for an odd tile count
+    g = rules.geometry(clustered, Problem(300, 256, 64), 132, 66)
+    assert g.grid == (4, 1, 1)       # 3 row tiles -> 2 pairs, 1 column tile
+    assert rules.geometry(real("wgmma"), Problem(1, 1, 8), 132, None).grid == (1, 1, 1)
+
+
+def test_mma_grid_is_one_cta_a_tile():
+    g = RULES["mma"].geometry(real("mma"), Problem(1000, 1000, 64), 132, None)
+    assert g.grid == (8 * 8, 1, 1) and g.block == (128, 1, 1) and g.cluster == 1
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (16, 28672, 4096), (1, 4096, 14336), (16, 6144, 4096),
+                                     (3, 520, 8), (1, 64, 64)])
+def test_gemv_splits_cover_k_in_whole_steps(m, n, k):
+    rules, r = RULES["gemv"], real("gemv")
+    g = rules.geometry(r, Problem(m, n, k), 132, None)
+    k_split = rules.k_split(r, Problem(m, n, k), 132)
+    splits = g.grid[1]
+    assert k_split % 32 == 0 and (splits - 1) * k_split < k <= splits * k_split
+    assert g.grid[0] * rules.columns_per_block(r) >= n
+    assert g.workspace_bytes == (splits * m * n * 4 if splits > 1 else 0) and g.ticket_bytes == 4 * g.grid[0]
+    assert splits == 1 or k_split >= 8 * 32       # no split too short to pay for its reduction
+    if (m, n, k) == (1, 4096, 4096):
+        assert splits > 1 and g.grid[0] * splits >= 132   # the whole GPU reads the weight
+
+
+# ---- inputs, reference and bound
+
+def test_stored_images_are_the_layouts_with_nan_padding():
+    rng = np.random.default_rng(1)
+    p = Problem(3, 5, 7, a_major="mn", b_major="k", epilogue=Epilogue(bias=True, residual=True), lda=8, ldb=16,
+                ldr=6)
+    logical = reference.draw(p, 0, rng)
+    images = reference.stored(p, logical)
+    bf16 = DTYPES["bfloat16"]
+    a = np.full(7 * 8, reference.POISON_BITS, np.uint16)
+    a[:images["a"].size] = images["a"]
+    a = a.reshape(7, 8)
+    assert np.array_equal(bf16.decode(a[:, :3]), logical["a"].T) and np.all(a[:, 3:] == 0xFFFF)
+    b = np.concatenate([images["b"], np.full(16 * 5 - images["b"].size, 0xFFFF, np.uint16)]).reshape(5, 16)
+    assert np.array_equal(bf16.decode(b[:, :7]), logical["b"].T) and np.all(b[:, 7:] == 0xFFFF)
+    assert images["bias"].size == 5 and images["residual"].size == 2 * 6 + 5
+    assert np.all(np.isnan(bf16.decode(np.array([reference.POISON_BITS], np.uint16))))
+    assert np.all(np.isnan(DTYPES["float16"].decode(np.array([reference.POISON_BITS], np.uint16))))
+
+
+def emulate(p: Problem, logical: dict, rows, *, skip_k=None, transpose_b=False, twice=False, no_bias=False,
+            shift_rows=0) -> np.ndarray:
+    """The kernels' arithmetic in numpy: exact products, an fp32 accumulator taking one k16 step's
+    sum at a time, the epilogue in float32, one rounding to the output type; or a wrong kernel."""
+    a = logical["a"][(np.asarray(rows) + shift_rows) % p.m].astype(np.float64)
+    b = logical["b"].T.copy() if transpose_b else logical["b"].copy()
+    b = b.astype(np.float64)
+    if skip_k is not None:
+        b[skip_k] = 0.0
+    acc = np.zeros((len(rows), p.n), np.float32)
+    for k0 in range(0, p.k, 16):
+        acc = (acc + (a[:, k0:k0 + 16] @ b[k0:k0 + 16]).astype(np.float32)).astype(np.float32)
+    e = p.epilogue
+    x = acc + (logical["bias"].astype(np.float32) if e.bias and not no_bias else np.float32(0))
+    for _ in range(2 if twice else 1):
+        x = reference.activation(e.activation, x.astype(np.float32)).astype(np.float32)
+    if e.residual:
+        x = x + logical["residual"][rows].astype(np.float32)
+    dtype = DTYPES[p.dtype]
+    return dtype.encode(x.astype(np.float32))
+
+
+@pytest.mark.parametrize("epilogue", [Epilogue(), Epilogue("gelu_tanh", True), Epilogue("gelu_erf", True, True),
+                                      Epilogue("silu", residual=True)], ids=lambda e: e.name)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_bound_holds_for_the_kernels_arithmetic_and_catches_wrong_kernels(epilogue, dtype):
+    rng = np.random.default_rng(7)
+    p = Problem(96, 96, 1000, dtype, epilogue=epilogue)
+    rows = np.arange(p.m)
+    for trial in (0, 1):
+        logical = reference.draw(p, trial, rng)
+        cached = reference.expected(p, logical, rows)
+
+        def verdict(bits):
+            full = np.full((p.m, p.ldc), reference.POISON_BITS, np.uint16)
+            full[:, :p.n] = bits
+            return check.compare(p, full, logical, rows, 1, poisoned=True, cached=cached)
+
+        good = verdict(emulate(p, logical, rows))
+        assert good["within_bound"], good
+        assert 0.0 < good["worst_error_over_bound"] < 1.0
+        wrongs = {"skipped k slice": emulate(p, logical, rows, skip_k=slice(64, 128)),
+                  "rows shifted": emulate(p, logical, rows, shift_rows=1)}
+        if p.m == p.k:
+            wrongs["B transposed"] = emulate(p, logical, rows, transpose_b=True)
+        if epilogue.activation != "none":
+            wrongs["activation twice"] = emulate(p, logical, rows, twice=True)
+        if epilogue.bias:
+            wrongs["bias left out"] = emulate(p, logical, rows, no_bias=True)
+        for what, bits in wrongs.items():
+            assert not verdict(bits)["within_bound"], (what, trial)
+
+
+def test_a_transposed_operand_fails_on_a_square_problem():
+    rng = np.random.default_rng(3)
+    p = Problem(128, 128, 128)
+    logical = reference.draw(p, 1, rng)
+    rows = np.arange(128)
+    full = np.full((128, 128), 0, np.uint16)
+    full[:] = emulate(p, logical, rows, transpose_b=True)
+    assert not check.compare(p, full, logical, rows, 1, poisoned=True)["within_bound"]
+
+
+def test_a_wrong_block_is_mapped_for_a_single_tile():
+    rng = np.random.default_rng(5)
+    p = Problem(128, 128, 64)
+    logical = reference.draw(p, 0, rng)
+    rows = np.arange(128)
+    bits = emulate(p, logical, rows)
+    bits[:, 64:] = emulate(p, logical, rows, skip_k=slice(0, 16))[:, 64:]    # right half wrong
+    bits[120:, :8] = reference.POISON_BITS                                  # a corner left unwritten
+    result = check.compare(p, bits, logical, rows, 1, poisoned=True)
+    m = result["mismatch"]
+    assert not result["within_bound"] and result["unwritten"] == 64
+    assert m["unwritten_rows"] == "120-127" and m["unwritten_columns"] == "0-7"
+    assert m["columns"].startswith("0-7,64-") or m["columns"].startswith("64-") or "64" in m["columns"]
+    assert len(m["map"]) == 16 and all(len(line) == 16 for line in m["map"])
+    assert m["map"][0] == "." * 8 + "x" * 8 and m["map"][15][0] == "n"
+    assert len(m["examples"]) == 6
+
+
+def test_checked_rows_sample_every_row_tile():
+    rng = np.random.default_rng(0)
+    assert np.array_equal(reference.checked_rows(300, rng), np.arange(300))
+    rows = reference.checked_rows(16384, rng)
+    assert set(range(64)) <= set(rows) and set(range(16384 - 64, 16384)) <= set(rows)
+    assert {r // 128 for r in rows} == set(range(128))
+    assert len(rows) < 300
+
+
+def test_nan_bits_are_recognised_in_both_types():
+    bits = np.array([0x7FC0, 0xFFFF, 0x7F80, 0x7C01, 0x3F80, 0x7C00], np.uint16)
+    assert list(check.nan_bits("bfloat16", bits)) == [True, True, False, False, False, False]
+    assert list(check.nan_bits("float16", bits)) == [True, True, True, True, False, False]
