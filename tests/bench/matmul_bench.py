@@ -57,6 +57,9 @@ FUSED = (8192, 4096, 4096)
 GRID_M = (1, 16, 128, 1024, 4096, 16384)
 GRID_NK = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 FUSED_EPILOGUE = Epilogue("gelu_erf", bias=True, residual=True)
+# A launch not done within this many seconds is a hang: the case fails and the worker restarts.
+# A single tile takes microseconds; the largest grid problem milliseconds.
+HANG_SECONDS = {"tiny": 5.0, "ragged": 10.0, "default": 20.0}
 
 
 def padded(n: int) -> int:
@@ -233,7 +236,8 @@ class Bench:
         reason = RULES[real.template].unsupported(real, problem)
         if reason:
             return {"realisation": real.name, "problem": problem.name, "skipped": reason}
-        result = self.runner.run(real, self.built[real.name]["cubin"], problem, repetitions=repetitions)
+        result = self.runner.run(real, self.built[real.name]["cubin"], problem, repetitions=repetitions,
+                                 hang_seconds=HANG_SECONDS.get(stage, HANG_SECONDS["default"]))
         self.recorder.case(stage, result)
         v = verdict(result)
         speed = f" {result['timing']['tflops']:.1f} TFLOP/s" if "timing" in result else ""
