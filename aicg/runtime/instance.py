@@ -4,6 +4,7 @@
     y = inst.softmax(x)                 # x: (..., cols) CUDA tensor, float32, bfloat16 or float16
     y = inst.rmsnorm(x, w, eps=1e-6)
     y = inst.layernorm(x, w, b)
+    help(inst.rmsnorm)                  # its signature, what it computes, the dtypes it has
 
 x, and a fused operator's residual, may have rows lying evenly apart (a
 slice x[:, :n] of a wider matrix, last dimension contiguous): kernels take a
@@ -40,7 +41,7 @@ from ..dtypes import DTYPES
 from ..errors import InputError
 from ..ops import OPERATORS
 from ..semantics import accuracy
-from . import arrays, driver
+from . import arrays, driver, torch_ops
 from .jit import Jit, JitError
 
 
@@ -257,6 +258,9 @@ class Instance:
                     for v in e.get("dispatch") or []}
         self.jit = (Jit(self.path, packaged, key) if jit and (self.path / "source" / "profile.toml").is_file()
                     else None)
+        # each operator a function with its signature on the instance, and a PyTorch custom
+        # operator in this namespace where PyTorch is installed (None otherwise)
+        self.namespace = torch_ops.attach(self)
 
     def tune(self) -> list[tuple]:
         """Time the best few candidates of every shape the JIT has served with its first pick alone,
@@ -274,6 +278,9 @@ class Instance:
         """What the JIT compiled and validated in this process, with times."""
         return self.jit.events if self.jit is not None else []
 
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self.__dict__.get("ops", {})))
+
     def __getattr__(self, name: str) -> OpKernels:
         ops = self.__dict__.get("ops", {})
         if name in ops:
@@ -287,6 +294,12 @@ class Instance:
 def load(path, allow_unvalidated: bool = False, jit: bool = True, signing_key: bytes | None = None,
          tune: str = "explicit") -> Instance:
     """The packaged instance at `path` (build/<instance>) as callable operators: `inst.softmax(x)`.
+
+    Each operator is a function on the instance with its own signature and docstring
+    (`inst.rmsnorm(x, w, *, eps=1e-05, out=None, stream=None)`; `dir(inst)` lists them) taking
+    CUDA arrays of PyTorch, CuPy or any DLPack / __cuda_array_interface__ framework. Where PyTorch
+    is installed, each is also a PyTorch custom operator, `torch.ops.<inst.namespace>.<op>`, that
+    torch.compile traces and CUDA graphs capture (aicg/runtime/torch_ops.py).
 
     allow_unvalidated: also expose kernels not validated on the target (or validated only by an
     unsigned remote store). jit: plan, compile and validate kernels for shapes outside the workload
