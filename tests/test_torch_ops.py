@@ -43,8 +43,8 @@ class Float64Kernels:
     """Stands in for an operator's kernels on the host: aicg/ops.py's float64 reference,
     rounded to x's dtype, called as OpKernels is."""
 
-    def __init__(self, name: str):
-        self.op = OPERATORS[name]
+    def __init__(self, name: str, entries: dict | None = None):
+        self.op, self.entries = OPERATORS[name], dict(entries or {})   # entries: the kernels' by dtype
         self.calls = 0
 
     def __call__(self, x, *inputs, out=None, stream=None, **scalars):

@@ -299,7 +299,8 @@ def load(path, allow_unvalidated: bool = False, jit: bool = True, signing_key: b
     (`inst.rmsnorm(x, w, *, eps=1e-05, out=None, stream=None)`; `dir(inst)` lists them) taking
     CUDA arrays of PyTorch, CuPy or any DLPack / __cuda_array_interface__ framework. Where PyTorch
     is installed, each is also a PyTorch custom operator, `torch.ops.<inst.namespace>.<op>`, that
-    torch.compile traces and CUDA graphs capture (aicg/runtime/torch_ops.py).
+    torch.compile traces and CUDA graphs capture (aicg/runtime/torch_ops.py); `aicg.backend(inst)`
+    lowers torch.compile's graphs onto them (aicg/fx, docs/pytorch.md).
 
     allow_unvalidated: also expose kernels not validated on the target (or validated only by an
     unsigned remote store). jit: plan, compile and validate kernels for shapes outside the workload

@@ -1,0 +1,305 @@
+"""The FX backend (aicg/fx) on a machine with no GPU: rulesets/patterns.toml and its errors,
+the matcher on graphs Dynamo captures on the meta device, what the contract declines and
+why, the report, and the rewritten graph computing what the original computed (on the
+host, a float64 stand-in in the kernels' place).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from aicg.semantics import patterns as patterns_loader
+from aicg.semantics import ruleset as ruleset_loader
+from doit_project import REPO
+from test_torch_ops import Float64Kernels, make_instance
+
+PATTERNS = REPO / "rulesets/patterns.toml"
+
+
+# --- the patterns file (no PyTorch needed) ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rule_names():
+    return set(ruleset_loader.load(REPO / "rulesets").rules)
+
+
+def test_the_shipped_patterns_cover_every_operator_larger_ones_first(rule_names):
+    loaded = patterns_loader.load(PATTERNS, rule_names)
+    from aicg.ops import OPERATORS
+    assert {p.operator for p in loaded.patterns} == set(OPERATORS)
+    sizes = [p.size for p in loaded.patterns]
+    assert sizes == sorted(sizes, reverse=True)
+    written_out = next(p for p in loaded.patterns if p.name == "rmsnorm_written_out")
+    assert written_out.size == 8 and written_out.rules == ("fusion",)   # h = convert(x, float32) counted once
+    assert loaded.operations["convert"].spellings["Tensor.float"].parameters[1].default == patterns_loader.Dtype("float32")
+
+
+@pytest.fixture
+def patterns_file(tmp_path):
+    path = tmp_path / "patterns.toml"
+    shutil.copy(PATTERNS, path)
+    return path
+
+
+@pytest.mark.parametrize("old, new, key, expected", [
+    ('match = "softmax(x, -1)"', 'match = "sofmax(x, -1)"', "patterns.softmax.match",
+     "calls of operations defined in [operations]"),
+    ('match = "softmax(x, -1)"', 'match = "softmax(y, -1)"', "patterns.softmax.match",
+     "names that are the operator's arguments (x)"),
+    ('match = "softmax(x, -1)"', 'match = "softmax(x, -1,"', "patterns.softmax.match", "an expression in Python syntax"),
+    ('match = "softmax(x, -1)"', 'match = "softmax(x, -1) + 1"', "patterns.softmax.match",
+     "operation calls, names and constants"),
+    ('match = "softmax(x, -1)"', 'match = "softmax(x)"', "patterns.softmax.match", "a value (or _) for softmax's dim"),
+    ('match = "softmax(x, -1)"', 'match = "softmax(x, axis=-1)"', "patterns.softmax.match",
+     "arguments of softmax(input, dim, dtype=...), each once"),
+    ('match = "rms_norm(x, _, w, eps)"', 'match = "rms_norm(x, _, w)"', "patterns.rmsnorm.match",
+     "binds every argument of rmsnorm (x, w, eps); it does not bind eps"),
+    ('match = "layer_norm(x, _, w, b, eps)"', 'match = "x"', "patterns.layernorm.match",
+     "an expression whose outermost part is an operation call"),
+    ('operator = "softmax"\nmatch = "softmax(x, -1)"', 'operator = "softmaxx"\nmatch = "softmax(x, -1)"',
+     "patterns.softmax.operator", "one of"),
+    ('rules = ["fusion"]\nwhy = "the graph rounds x + b', 'rules = ["fusions"]\nwhy = "the graph rounds x + b',
+     "patterns.bias_gelu_residual.rules", "'fusion'"),
+    ('rules = ["fusion"]\nwhy = "the graph rounds x + b and gelu(x + b) to the dtype; the kernel keeps both in float32"',
+     'rules = ["fusion"]', "patterns.bias_gelu_residual.why", "a sentence saying why"),
+    ('where = { h = "convert(x, float32)" }', 'where = { h = "convert(h, float32)" }',
+     "patterns.rmsnorm_written_out.where.h", "expressions that do not use themselves"),
+    ('where = { h = "convert(x, float32)" }', 'where = { h = "convert(x, float32)", g = "x" }',
+     "patterns.rmsnorm_written_out.where.g", "a name the pattern uses"),
+    ('where = { h = "convert(x, float32)" }', 'where = { eps = "convert(x, float32)" }',
+     "patterns.rmsnorm_written_out.where.eps", "a name that is not an operation, an operator argument"),
+    ('signature = "(input)"\ncallables = ["torch.rsqrt"', 'signature = "(input"\ncallables = ["torch.rsqrt"',
+     "operations.rsqrt.signature", "a signature in Python syntax"),
+    ('signature = "(input)"\ncallables = ["torch.rsqrt"', 'signature = "(*input)"\ncallables = ["torch.rsqrt"',
+     "operations.rsqrt.signature", "named parameters only"),
+    ('signature = "(input)"\ncallables = ["torch.rsqrt"', 'signature = "(input=x)"\ncallables = ["torch.rsqrt"',
+     "operations.rsqrt.signature", "defaults that are constants or dtype names"),
+    ('callables = ["torch.rsqrt", "Tensor.rsqrt"]', 'callables = ["torch.rsqrt", "rsqrt"]',
+     "operations.rsqrt.callables", "import paths"),
+    ('signatures."torch.square" = "(input, exponent=2)"', 'signatures."torch.cube" = "(input, exponent=3)"',
+     'operations.pow.signatures.torch.cube', "one of this operation's callables"),
+    ('signatures."torch.square" = "(input, exponent=2)"', 'signatures."torch.square" = "(input)"',
+     'operations.pow.signatures.torch.square', "every parameter of pow that has no default (exponent)"),
+    ('signature = "(input)"\ncallables = ["torch.rsqrt", "Tensor.rsqrt"]',
+     'signature = "(input)"\ncallables = ["torch.rsqrt", "Tensor.rsqrt"]\ncommutative = true',
+     "operations.rsqrt.commutative", "false for an operation of fewer than two"),
+    ('dims = ["dim"]\n\n[operations.log_softmax]', 'dims = ["axis"]\n\n[operations.log_softmax]',
+     "operations.softmax.dims", "'dim'"),
+])
+def test_a_wrong_patterns_file_is_an_input_error(patterns_file, edit, raises_input_error, rule_names, old, new, key,
+                                                  expected):
+    edit(patterns_file, old, new)
+    with raises_input_error(patterns_file, key, expected):
+        patterns_loader.load(patterns_file, rule_names)
+
+
+# --- lowering captured graphs (PyTorch, meta device) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def instance(tmp_path_factory, torch):
+    import aicg
+    return aicg.load(make_instance(tmp_path_factory.mktemp("fx") / "instance"))
+
+
+def lowered(torch, instance, function, *args, **backend_options):
+    """(the report of the one graph Dynamo captures of `function`, its outputs on `args`)."""
+    import aicg
+    torch._dynamo.reset()
+    backend = aicg.backend(instance, inner="eager", **backend_options)
+    outputs = torch.compile(function, backend=backend, fullgraph=True)(*args)
+    assert len(backend.reports) == 1
+    return backend.reports[0], outputs
+
+
+def meta(torch, *shape, dtype=None):
+    return torch.empty(*shape, device="meta", dtype=dtype or torch.bfloat16)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_the_model_blocks_get_their_norms_and_softmax_replaced(torch, instance, bench_module, name):
+    bench = bench_module("model_bench")
+    block, x = bench.make_block(name, "meta"), bench.block_input(name, 2, 64, "meta")
+    report, y = lowered(torch, instance, block, x)
+    assert tuple(y.shape) == tuple(x.shape) and y.dtype == torch.bfloat16
+    assert report.counts() == bench.EXPECTED_REPLACEMENTS[name]
+    if name == "llama":   # the residual + RMSNorm chain matched, but its sum is the residual stream
+        declined = [(d.pattern, d.kind) for d in report.declined]
+        assert declined == [("residual_rmsnorm_written_out", "users")]
+        assert {r.pattern for r in report.replaced} == {"rmsnorm_written_out"}
+        assert report.left["scaled_dot_product_attention"] == 1 and report.left["linear"] == 7
+    else:
+        assert report.declined == [] and report.left["gelu"] == 1
+
+
+def test_every_spelling_of_softmax_is_one_operation(torch, instance):
+    nn, F = torch.nn, torch.nn.functional
+    softmax_module = nn.Softmax(dim=-1)
+
+    def f(x):
+        return F.softmax(x, dim=-1), x.softmax(-1), torch.softmax(x, 2), softmax_module(x), torch.special.softmax(x, -1)
+
+    report, outputs = lowered(torch, instance, f, meta(torch, 2, 3, 40))
+    assert report.counts() == {"softmax": 5} and report.left == {}
+    assert all(tuple(o.shape) == (2, 3, 40) for o in outputs)
+
+
+@pytest.mark.parametrize("build, kind, reason", [
+    (lambda torch, x: torch.softmax(x, 1), "structure", "node softmax (softmax), dim: (-2,), the pattern needs (-1,)"),
+    (lambda torch, x: torch.softmax(x.double(), -1), "dtype", "x is float64; this instance has softmax in bfloat16, float32"),
+    (lambda torch, x: torch.softmax(x.half(), -1), "dtype", "x is float16"),
+    (lambda torch, x: torch.softmax(x.transpose(1, 2), -1), "layout", "x: expected contiguous rows (last stride 1)"),
+    (lambda torch, x: torch.softmax(x, -1, dtype=torch.float32), "structure",
+     "node softmax (softmax), dtype: float32, the pattern needs None"),
+    (lambda torch, x: torch.nn.functional.layer_norm(x, x.shape[-2:], torch.ones_like(x[0]), torch.zeros_like(x[0])),
+     "shape",
+     "w has shape [3, 40]; the kernel takes [40]"),
+    (lambda torch, x: torch.nn.functional.layer_norm(x, x.shape[-1:]), "shape", "w: the kernel takes a tensor, the graph passes None"),
+    (lambda torch, x: torch.rms_norm(x, x.shape[-1:], torch.ones_like(x[0, 0])), "scalar",
+     "eps: the kernel takes a number, the graph passes None"),
+])
+def test_what_the_kernel_does_not_take_is_declined_with_its_reason(torch, instance, build, kind, reason):
+    report, _ = lowered(torch, instance, lambda x: build(torch, x), meta(torch, 2, 3, 40))
+    assert report.replaced == []
+    assert [(d.kind, reason in d.reason) for d in report.declined] == [(kind, True)], report.text()
+
+
+def test_a_result_in_another_dtype_is_declined_and_the_float32_softmax_inside_replaced(torch, instance):
+    report, y = lowered(torch, instance, lambda x: torch.softmax(x.float(), -1).half(), meta(torch, 2, 40))
+    assert [(d.pattern, d.kind, d.reason) for d in report.declined] == [
+        ("softmax_in_float32", "dtype", "the graph's result is float16; the kernel returns x's bfloat16")]
+    assert [(r.pattern, r.dtype) for r in report.replaced] == [("softmax", "float32")]
+    assert y.dtype == torch.float16
+
+
+def test_a_host_graph_is_declined_for_its_device(torch, instance):
+    report, _ = lowered(torch, instance, lambda x: torch.softmax(x, -1), torch.randn(4, 8, dtype=torch.bfloat16))
+    assert [(d.kind, d.reason) for d in report.declined] == [("device", "x is on cpu; the kernels run on CUDA devices")]
+
+
+def test_rows_lying_apart_are_taken_as_they_lie(torch, instance):
+    report, y = lowered(torch, instance, lambda x: torch.softmax(x[:, :40], -1), meta(torch, 6, 64))
+    assert report.counts() == {"softmax": 1} and tuple(y.shape) == (6, 40)
+
+
+def test_an_intermediate_used_elsewhere_keeps_the_chain_whole(torch, instance):
+    F = torch.nn.functional
+
+    def f(x, r, b):
+        g = F.gelu(x + b)
+        return g + r, g * 2
+
+    report, _ = lowered(torch, instance, f, meta(torch, 4, 32), meta(torch, 4, 32), meta(torch, 32))
+    assert report.replaced == []
+    assert [(d.pattern, d.kind) for d in report.declined] == [("bias_gelu_residual", "users")]
+    assert "node g (gelu) is used by mul as well" in report.declined[0].reason
+
+
+def test_fused_chains_match_in_either_order_of_a_sum(torch, instance):
+    F = torch.nn.functional
+
+    def f(x, r, b, w):
+        return F.gelu(x + b) + r, r + F.gelu(b + x), F.rms_norm(x + r, (32,), w, 1e-6)
+
+    args = (meta(torch, 4, 32), meta(torch, 4, 32), meta(torch, 32), meta(torch, 32))
+    report, _ = lowered(torch, instance, f, *args)
+    assert report.counts() == {"bias_gelu_residual": 2, "residual_rmsnorm": 1}, report.text()
+
+
+def test_a_reduction_that_keeps_its_dimension_gets_it_back(torch, instance):
+    report, (total, top) = lowered(torch, instance, lambda x: (x.sum(-1, keepdim=True), x.amax(-1)),
+                                   meta(torch, 5, 7, 33))
+    assert report.counts() == {"row_sum": 1, "row_max": 1}
+    assert tuple(total.shape) == (5, 7, 1) and tuple(top.shape) == (5, 7)
+
+
+def test_a_rule_illegal_at_the_preservation_level_declines_the_pattern(torch, tmp_path, bench_module):
+    import aicg
+    bitwise = aicg.load(make_instance(tmp_path / "bitwise", preservation="bitwise"))
+    bench = bench_module("model_bench")
+    report, _ = lowered(torch, bitwise, bench.make_block("llama", "meta"), bench.block_input("llama", 1, 8, "meta"))
+    assert report.replaced == []
+    legality = [d for d in report.declined if d.kind == "legality"]
+    assert [d.pattern for d in legality] == ["rmsnorm_written_out", "rmsnorm_written_out"]
+    assert ("fusion is not legal for rmsnorm in bfloat16 at preservation 'bitwise' (the graph rounds x * "
+            "rsqrt(mean + eps) to the dtype before the weight multiplies it; the kernel keeps it in float32): "
+            "fusion needs order in ('fixed', 'any'); the profile has 'reference'") == legality[0].reason
+    # rms_norm itself rounds once, as the kernel does: no rule beyond the operator's own
+    report, _ = lowered(torch, bitwise, lambda x, w: torch.rms_norm(x, (16,), w, 1e-6), meta(torch, 4, 16),
+                        meta(torch, 16))
+    assert report.counts() == {"rmsnorm": 1}
+
+
+def test_an_operator_the_instance_lacks_is_named(torch, tmp_path):
+    import aicg
+    norms_only = aicg.load(make_instance(tmp_path / "norms", ops=("rmsnorm",), dtypes=("bfloat16",)))
+    report, _ = lowered(torch, norms_only, lambda x: torch.softmax(x, -1), meta(torch, 4, 16))
+    assert [(d.kind, d.reason) for d in report.declined] == [
+        ("operator", "this instance has no softmax kernels (it has: rmsnorm)")]
+
+
+def test_the_rewritten_graph_computes_what_the_original_computed(torch, tmp_path, monkeypatch):
+    """On the host, the float64 stand-in in every kernel's place (and the contract told the
+    host is a device): each replacement passes the right values in the right places (x and b
+    of a commuted sum, eps, a kept dimension)."""
+    import aicg
+    from aicg.fx import contract
+    monkeypatch.setattr(contract, "DEVICES", (*contract.DEVICES, "cpu"))
+    inst = aicg.load(make_instance(tmp_path / "instance", dtypes=("float32",)))
+    for name, kernels in inst.ops.items():
+        inst.ops[name] = Float64Kernels(name, kernels.entries)
+    F = torch.nn.functional
+
+    def f(x, r, w, b):
+        h = x.float()
+        normed = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+        return (F.softmax(x, -1), F.log_softmax(x, dim=-1), F.layer_norm(x, (48,), w, b, 1e-3),
+                torch.rms_norm(x, (48,), w, 1e-4), normed, x.sum(-1, keepdim=True), x.amax(-1),
+                r + F.gelu(b + x), F.rms_norm(r + x, [48], w, 1e-6))
+
+    generator = torch.Generator().manual_seed(3)
+    x, r = torch.randn(3, 5, 48, generator=generator), torch.randn(3, 5, 48, generator=generator)
+    w, b = torch.rand(48, generator=generator) + 0.5, torch.randn(48, generator=generator)
+    report, found = lowered(torch, inst, f, x, r, w, b)
+    assert report.counts() == {"softmax": 1, "log_softmax": 1, "layernorm": 1, "rmsnorm": 2, "row_sum": 1,
+                               "row_max": 1, "bias_gelu_residual": 1, "residual_rmsnorm": 1}, report.text()
+    assert sum(k.calls for k in inst.ops.values()) == 9   # one call a replacement
+    for got, wanted in zip(found, f(x, r, w, b)):
+        assert got.shape == wanted.shape and torch.allclose(got, wanted, rtol=1e-5, atol=1e-5)
+
+
+def test_the_report_says_it_in_words_and_as_data(torch, instance, bench_module):
+    import aicg
+    bench = bench_module("model_bench")
+    torch._dynamo.reset()
+    backend = aicg.backend(instance, inner="eager")
+    block = torch.compile(bench.make_block("llama", "meta"), backend=backend)
+    block(bench.block_input("llama", 1, 8, "meta"))
+    text = backend.report()
+    assert text.startswith("graph 0: aicg backend: 2 replaced (rmsnorm 2), 1 declined,")
+    assert "declined h_5: residual_rmsnorm_written_out -> residual_rmsnorm [users]" in text
+    record = json.loads(json.dumps(backend.reports[0].as_record()))
+    assert record["counts"] == {"rmsnorm": 2} and len(record["replaced"]) == 2
+    assert record["replaced"][0]["nodes"][-1] == record["replaced"][0]["node"]
+    assert backend.counts() == {"rmsnorm": 2}
+
+
+def test_backend_arguments_are_checked_when_it_is_made(torch, instance, tmp_path, edit, raises_input_error):
+    import aicg
+    with pytest.raises(ValueError, match="mode: expected one of .*'max-autotune'.*, got 'fastest'"):
+        aicg.backend(instance, mode="fastest")
+    patterns_file = tmp_path / "patterns.toml"
+    shutil.copy(PATTERNS, patterns_file)
+    edit(patterns_file, '"torch.rsqrt", "Tensor.rsqrt"', '"torch.rsqrtt", "Tensor.rsqrt"')
+    with raises_input_error(patterns_file, "operations.rsqrt.callables", "callables this PyTorch"):
+        aicg.backend(instance, patterns=patterns_file)
+    bare = make_instance(tmp_path / "bare")
+    shutil.rmtree(bare / "source")
+    with pytest.raises(FileNotFoundError, match="no planning snapshot"):
+        aicg.backend(aicg.load(bare))
