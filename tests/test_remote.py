@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from aicg import digest
+from aicg import digest, remote
 from doit_project import SMALL_PROFILE_COMPILATIONS, doit, instance_files, make_project, receipt_keys
-from remote_servers import Nginx, Silent, free_port
+from remote_servers import Misbehaving, Nginx, Silent, free_port
 
 PROFILE = "profile=rulesets/profiles/small.toml"
 
@@ -49,6 +49,8 @@ def test_a_second_checkout_restores_everything_from_the_remote(tmp_path, nginx):
     origins = json.loads((second / "build/small/provenance.json").read_text())["origins"]
     assert {o for n, o in origins.items() if n.startswith(("compile:", "codegen:", "plan:"))} == {"remote"}
     assert receipt_keys(first) == receipt_keys(second)       # no path leaks into a key
+    connections, requests = nginx.connections()
+    assert requests > 50 and connections == 2                 # one kept alive per build
     assert instance_files(first) == instance_files(second)
     assert counters(second)["bytes_down"] > 0
     # the remote hits now live in the local store too: without the remote, nothing is missing
@@ -83,6 +85,98 @@ def test_a_dead_or_silent_remote_costs_one_warning_and_no_time(tmp_path, fault):
     # One timeout at most, then local speed; a timeout per request would cost the dozens of steps
     # 0.5 s each. The margin is the noise of two builds on a 2-core machine (2.6 s seen once).
     assert elapsed < local + 3.0, (elapsed, local)
+
+
+def test_a_trickling_remote_holds_a_build_no_longer_than_its_timeout(tmp_path):
+    # A byte every 0.2 s, so that no read waits the 0.5 s timeout; 9 s of it in all, then the rest at once.
+    server = Misbehaving(tmp_path, lambda n: "trickle", trickle_gap=0.2, trickle_limit=9.0)
+    try:
+        run = build(make_project(tmp_path / "p"), {"AICG_REMOTE": server.url, "AICG_REMOTE_TIMEOUT": "0.5"})
+    finally:
+        server.stop()
+    assert sum(server.held) < 1.0, server.held
+    assert run.output.count("remote store") == 1 and "unavailable" in run.output
+    assert run.compilations == SMALL_PROFILE_COMPILATIONS
+
+
+@pytest.mark.parametrize("fault", ["garbage status line", "half a body"])
+def test_a_remote_answering_nonsense_is_a_miss_with_one_warning(tmp_path, fault):
+    server = Misbehaving(tmp_path / "remote", lambda n: fault)
+    try:
+        run = build(make_project(tmp_path / "p"), {"AICG_REMOTE": server.url, "AICG_REMOTE_TIMEOUT": "1"})
+    finally:
+        server.stop()
+    assert run.compilations == SMALL_PROFILE_COMPILATIONS
+    assert run.output.count("remote store") == 1 and "unavailable" in run.output and "Traceback" not in run.output
+
+
+@pytest.mark.parametrize("fault", ["trickle", "503", "reset", "half a body"])
+def test_one_request_takes_the_timeout_at_most_retries_included(tmp_path, fault):
+    server = Misbehaving(tmp_path, lambda n: fault, trickle_gap=0.05)
+    try:
+        start = time.monotonic()
+        with pytest.raises(remote.Unavailable):
+            remote.connect(server.url, 0.5).get("ac", "0" * 64)
+        elapsed = time.monotonic() - start
+    finally:
+        server.stop()
+    assert elapsed < 0.7, elapsed
+    assert fault == "trickle" or server.requests > 1        # a transient fault is tried again
+
+
+def test_one_connection_serves_a_build_and_transient_faults_are_retried(tmp_path):
+    shared = tmp_path / "shared"
+    faults = {}
+    server = Misbehaving(shared, lambda n: faults.get(n))
+    try:
+        first = make_project(tmp_path / "first")
+        build(first, writer(server.url))
+        assert server.requests > 100 and server.connections == 1
+        # One of each on the next build's early requests, each but the 503 closing its connection.
+        server.requests = server.connections = 0
+        faults.update({2: "reset", 4: "503", 6: "hang up", 9: "garbage status line", 12: "half a body"})
+        second = make_project(tmp_path / "second")
+        run = build(second, {"AICG_REMOTE": server.url})
+    finally:
+        server.stop()
+    assert sorted(server.faults_done) == sorted(faults.values())
+    assert "remote store" not in run.output and run.compilations == 0
+    assert instance_files(second) == instance_files(first)
+    assert server.requests > 30 and server.connections == 1 + 4
+
+
+def test_write_mode_checks_every_blob_its_entries_name(tmp_path, nginx):
+    """A writer relies on the blobs under the entries it writes: a wrong one is replaced, whether
+    this build read it or only found it there."""
+    first = make_project(tmp_path / "first")
+    build(first, writer(nginx.url))
+    blobs = sorted((nginx.files / "cas").iterdir())
+    for path in blobs:
+        data = path.read_bytes()
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    for path in sorted((nginx.files / "ac").iterdir())[::2]:
+        path.unlink()                    # these steps run without reading their blobs
+    build(make_project(tmp_path / "second"), writer(nginx.url))
+    wrong = [p.name for p in blobs if hashlib.sha256(p.read_bytes()).hexdigest() != p.name]
+    assert wrong == [], f"{len(wrong)} of {len(blobs)} blobs still wrong"
+
+
+@pytest.mark.parametrize("kind", ["directory", "http"])
+def test_a_remote_holds_a_blob_only_with_its_bytes(tmp_path, kind):
+    (tmp_path / "cas").mkdir()
+    blob = b"a cubin"
+    sha = hashlib.sha256(blob).hexdigest()
+    server = Misbehaving(tmp_path) if kind == "http" else None
+    try:
+        store = remote.connect(server.url if server else str(tmp_path), 1.0)
+        assert not store.has("cas", sha)
+        (tmp_path / "cas" / sha).write_bytes(b"a cubiN")
+        assert not store.has("cas", sha)          # a file of that name is not the blob
+        store.put("cas", sha, blob)
+        assert store.has("cas", sha) and store.get("cas", sha) == blob
+    finally:
+        if server:
+            server.stop()
 
 
 def _compile_blobs(project):
