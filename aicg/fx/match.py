@@ -8,7 +8,7 @@ which is what a report says about a node that almost matched.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch

@@ -61,6 +61,6 @@ class GraphReport:
         for d in self.declined:
             lines.append(f"  declined {d.node}: {d.pattern} -> {d.operator} [{d.kind}] {d.reason}")
         if self.left:
-            lines.append("  left: " + ", ".join(f"{name} {n}" for name, n in sorted(self.left.items(),
+            lines.append("  left (declined above, or no pattern computes them): " + ", ".join(f"{name} {n}" for name, n in sorted(self.left.items(),
                                                                                  key=lambda kv: (-kv[1], kv[0]))))
         return "\n".join(lines)
