@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 import math
 import re
 import sys
@@ -41,6 +42,7 @@ import tomllib
 from ..ops import OPERATORS, Operator
 from . import arrays
 
+log = logging.getLogger("aicg")
 _NAMESPACES: dict[str, object] = {}   # namespace -> the instance registered there (kept alive: its ops call it)
 
 
@@ -107,9 +109,15 @@ def attach(instance) -> str | None:
     namespace = None
     registered: dict[str, tuple] = {}
     if torch_installed():
-        namespace = _namespace(instance)
-        _NAMESPACES[namespace] = instance
-        registered = {name: _register(instance, namespace, name) for name in sorted(instance.ops)}
+        try:
+            import torch  # noqa: F401
+        except ImportError as err:   # installed but broken: the kernels still serve other frameworks
+            log.warning("aicg: PyTorch does not import (%s); %s's operators are not registered with it",
+                        err, instance.path)
+        else:
+            namespace = _namespace(instance)
+            _NAMESPACES[namespace] = instance
+            registered = {name: _register(instance, namespace, name) for name in sorted(instance.ops)}
     for name in instance.ops:
         if name in vars(type(instance)):
             raise RuntimeError(f"operator {name!r} would hide Instance.{name}")
