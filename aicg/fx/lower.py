@@ -68,6 +68,7 @@ def _try(pattern: Pattern, node, matcher: Matcher, kernels_by_op, rules, spellin
         verdict = contract.check(pattern, match, node, kernels_by_op, rules, spellings)
         if verdict.kind is None:
             report.replaced.append(_replace(pattern, match, node, verdict, registered, graph))
+            spellings.forget()   # the replaced node's users now read the operator's result
             return
         first = first or verdict
     report.declined.append(Declined(node.name, pattern.name, pattern.operator, first.kind, first.reason))

@@ -67,6 +67,10 @@ class Spellings:
                 self.functions.setdefault(target, []).append((operation, signature))
         self._normal: dict[torch.fx.Node, tuple[Normal, ...]] = {}
 
+    def forget(self) -> None:
+        """Drop what normalize() remembered: after a rewrite, nodes' arguments are other nodes."""
+        self._normal.clear()
+
     def normalize(self, node: torch.fx.Node) -> tuple[Normal, ...]:
         """The operations this node computes (usually one; none for any other node)."""
         if node not in self._normal:
