@@ -215,8 +215,24 @@ def test_fused_chains_match_in_either_order_of_a_sum(torch, instance):
 def test_a_reduction_that_keeps_its_dimension_gets_it_back(torch, instance):
     report, (total, top) = lowered(torch, instance, lambda x: (x.sum(-1, keepdim=True), x.amax(-1)),
                                    meta(torch, 5, 7, 33))
-    assert report.counts() == {"row_sum": 1, "row_max": 1}
+    assert report.counts() == {"row_sum": 1, "row_max": 1} and report.left == {}
     assert tuple(total.shape) == (5, 7, 1) and tuple(top.shape) == (5, 7)
+
+
+def test_dynamic_shapes_are_compared_by_their_symbols(torch, instance):
+    F = torch.nn.functional
+
+    def f(x, r, w):
+        return F.rms_norm(x + r, (x.shape[-1],), w, 1e-6), x.amax(-1, keepdim=True)
+
+    import aicg
+    torch._dynamo.reset()
+    backend = aicg.backend(instance, inner="eager")
+    normed, top = torch.compile(f, backend=backend, dynamic=True)(meta(torch, 6, 32), meta(torch, 6, 32),
+                                                                 meta(torch, 32))
+    assert backend.counts() == {"residual_rmsnorm": 1, "row_max": 1}, backend.report()
+    assert all(not isinstance(size, int) for size in backend.reports[0].replaced[0].shape)   # symbols, e.g. 's77'
+    assert tuple(normed.shape) == (6, 32) and tuple(top.shape) == (6, 1)
 
 
 def test_a_rule_illegal_at_the_preservation_level_declines_the_pattern(torch, tmp_path, bench_module):

@@ -47,7 +47,7 @@ def lower(gm: torch.fx.GraphModule, kernels_by_op: dict, namespace: str, pattern
     gm.recompile()
     report.left = dict(Counter(_name(n, spellings) for n in graph.nodes
                                if n.op in ("call_function", "call_method", "call_module")
-                               and not str(n.target).startswith(f"{namespace}.")))
+                               and not str(n.target).startswith(f"{namespace}.") and not n.meta.get("aicg_adapter")))
     return report
 
 
@@ -87,6 +87,7 @@ def _replace(pattern: Pattern, match: Match, root: torch.fx.Node, verdict: contr
         if verdict.keepdim:   # the graph kept the reduced dimension: give it back
             result = graph.call_function(torch.unsqueeze, (call, -1))
             result.meta["example_value"] = result_value
+            result.meta["aicg_adapter"] = True   # ours, not an operation the graph had
     root.replace_all_uses_with(result)
     order = {n: i for i, n in enumerate(graph.nodes)}
     replaced = sorted(set(match.nodes), key=order.__getitem__, reverse=True)   # users before what they use

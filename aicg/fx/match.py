@@ -36,8 +36,16 @@ class Failure:
 
 
 def example(value):
-    """The example tensor Dynamo recorded for a node (a FakeTensor), or None."""
-    return value.meta.get("example_value") if isinstance(value, torch.fx.Node) else None
+    """The example tensor Dynamo recorded for a node (a FakeTensor), the tensor a get_attr node
+    names, or None."""
+    if not isinstance(value, torch.fx.Node):
+        return None
+    found = value.meta.get("example_value")
+    if found is None and value.op == "get_attr" and value.graph.owning_module is not None:
+        found = value.graph.owning_module
+        for part in str(value.target).split("."):
+            found = getattr(found, part, None)
+    return found
 
 
 def _plain(value):
