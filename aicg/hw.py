@@ -7,6 +7,8 @@ single facts by name, so a task's key can hold exactly the facts it uses.
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +35,9 @@ REQUIRED_FACTS: dict[str, str] = {
     "fp32_flops": "FLOP/s",
     "bf16_tensor_flops": "FLOP/s",
 }
+
+# Units of facts that count whole things: their values are whole numbers.
+COUNTED_UNITS = {"SM", "thread", "block", "32-bit register"}
 
 # What every measured fact records besides its value and unit (written by `doit probe`).
 MEASURED_PROVENANCE = ("probe", "date", "driver", "clocks", "method", "repetitions", "spread")
@@ -82,9 +87,21 @@ def _read_fact(table: tomlfile.Table, name: str, measured: bool) -> Fact:
     expected_unit = REQUIRED_FACTS.get(name)
     if expected_unit is not None and unit != expected_unit:
         raise table.error("unit", repr(expected_unit), unit)
+    # Every fact is a size, a count, a rate, a time or a ratio: zero, negative, NaN or infinite
+    # is a broken probe or a typo, and would divide by zero or rank kernels by nonsense.
+    if unit in COUNTED_UNITS and expected_unit is not None:
+        if not (math.isfinite(value) and value >= 1 and value == int(value)):
+            raise table.error("value", f"a positive whole number of {unit}s", value)
+    elif not (math.isfinite(value) and value > 0):
+        raise table.error("value", "a positive finite number", value)
     if measured:
         kinds = {"repetitions": int, "spread": float}
         provenance = tuple((key, table.get(key, kinds.get(key, str))) for key in MEASURED_PROVENANCE)
+        where = dict(provenance)
+        if where["repetitions"] < 1:
+            raise table.error("repetitions", "an integer >= 1", where["repetitions"])
+        if not (math.isfinite(where["spread"]) and where["spread"] >= 0):
+            raise table.error("spread", "a finite number >= 0", where["spread"])
         table.done()
         return Fact(value, unit, "measured", table.get("method", str), provenance)
     source = table.get("source", str, choices={"datasheet"})
@@ -119,9 +136,13 @@ def load(path: Path) -> Hardware:
     return Hardware(path.stem, name, arch, (cc[0], cc[1]), facts, datasheet)
 
 
+# A target names a file of hwdb/ and nothing outside it.
+TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
 def load_target(hwdb_dir: Path, target: str) -> Hardware:
     path = Path(hwdb_dir) / f"{target}.toml"
-    if not path.exists():
+    if not TARGET_NAME.fullmatch(target) or not path.exists():
         known = sorted(p.stem for p in Path(hwdb_dir).glob("*.toml"))
         raise InputError(path, "target", "a hwdb entry, one of: " + ", ".join(known), target)
     return load(path)

@@ -7,10 +7,11 @@ dtypes and shapes the instance is built and tuned for.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config, tomlfile
+from . import config, hw, tomlfile
 from .dtypes import DTYPES
 from .ops import OPERATORS
 from .semantics.legality import Preservation, RuleChoice
@@ -32,9 +33,24 @@ class Synthesis:
     llm: dict | None          # base_url, model, api_key_env, temperature, max_tokens, timeout
 
 
+# Limits (docs/inputs.md): planning predicts every candidate at every workload shape when the
+# graph is loaded, so `doit list` costs about 5 ms per operator, dtype and shape.
+MAX_SHAPES_PER_OPERATOR = 64
+MAX_DIMENSION = 2**31 - 1      # the kernels index rows and columns with int
+# An instance's name becomes a folder, build/<name>: the rule of a target's name (hwdb/<target>.toml).
+PLAIN_NAME = hw.TARGET_NAME
+PLAIN_NAME_RULE = "up to 100 letters, digits, '.', '_', '+' or '-', starting with a letter or digit"
+
 PROPOSERS = {"template", "llm"}
 LLM_KEYS = {"base_url": (str, None), "model": (str, None), "api_key_env": (str, "OPENAI_API_KEY"),
             "temperature": (float, 0.0), "max_tokens": (int, 4096), "timeout": (float, 120.0)}
+LLM_LIMITS = {   # NaN fails every comparison, so each of these refuses it
+    "base_url": (lambda url: url.startswith(("http://", "https://")) and bool(url.split("://", 1)[1].split("/")[0]),
+                 "an http:// or https:// URL with a host"),
+    "temperature": (lambda t: 0 <= t < math.inf, "a finite number >= 0"),
+    "max_tokens": (lambda n: n >= 1, "an integer >= 1"),
+    "timeout": (lambda t: 0 < t < math.inf, "a positive finite number of seconds"),
+}
 
 
 def _synthesis(doc: tomlfile.Table) -> Synthesis | None:
@@ -50,6 +66,9 @@ def _synthesis(doc: tomlfile.Table) -> Synthesis | None:
         lt = t.table("llm")
         llm = {key: lt.get(key, kind) if default is None else lt.get(key, kind, default=default)
                for key, (kind, default) in LLM_KEYS.items()}
+        for key, (ok, expected) in LLM_LIMITS.items():
+            if not ok(llm[key]):
+                raise lt.error(key, expected, llm[key])
         lt.done()
     elif "llm" in t:
         raise t.error("llm", "no [synthesis.llm] table unless proposers lists \"llm\"")
@@ -78,27 +97,61 @@ def _shapes(table: tomlfile.Table) -> tuple[tuple[int, int], ...]:
     if not shapes:
         raise table.error("shapes", "at least one [rows, cols] pair", shapes)
     for shape in shapes:
-        if len(shape) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape):
-            raise table.error("shapes", "[rows, cols] pairs of positive integers", shape)
+        if len(shape) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_DIMENSION
+                                      for n in shape):
+            raise table.error("shapes", f"[rows, cols] pairs of positive integers of at most {MAX_DIMENSION} "
+                                        "(the kernels index rows and columns with int)", shape)
     return tuple((r, c) for r, c in shapes)
 
 
-def _workload(doc: tomlfile.Table, ruleset: RuleSet) -> dict[str, Workload]:
+def shape_bytes(op: str, dtype: str, shape: tuple[int, int]) -> int:
+    """The bytes of the tensors one call of `op` reads and writes at `shape` (what validation allocates)."""
+    rows, cols = shape
+    operator = OPERATORS[op]
+    matrices = len(operator.input_matrices()) + (operator.output == "matrix")
+    return DTYPES[dtype].size * (matrices * rows * cols + len(operator.vectors) * cols
+                                 + (rows if operator.output == "rows" else 0))
+
+
+def oversized(ops, dtypes, shapes, hardware: hw.Hardware) -> str | None:
+    """What says that a shape's tensors do not fit the target's memory, or None where all fit."""
+    capacity = hardware.fact("dram_capacity")
+    for shape in shapes:
+        need, op, dtype = max((shape_bytes(op, dtype, shape), op, dtype) for op in ops for dtype in dtypes)
+        if need > capacity:
+            return (f"shapes with tensors that fit the memory of {hardware.target} ({capacity / 2**30:.1f} GiB): "
+                    f"{op} in {dtype} at {shape[0]} x {shape[1]} needs {need / 2**30:.1f} GiB")
+    return None
+
+
+def _workload(doc: tomlfile.Table, ruleset: RuleSet, hardware: hw.Hardware) -> dict[str, Workload]:
     known_ops = set(ruleset.ops) & set(OPERATORS)
-    merged: dict[str, tuple[list, list]] = {}
+    merged: dict[str, tuple[dict, dict]] = {}   # op -> (dtypes, shapes), each in first-seen order
     entries = doc.get("workload", list, item=dict)
     if not entries:
         raise doc.error("workload", "at least one [[workload]] entry")
     for i, entry in enumerate(entries):
         t = tomlfile.Table(doc.file, entry, f"workload[{i}]")
         ops = t.get("ops", list, item=str, choices=known_ops)
+        if not ops:
+            raise t.error("ops", "at least one operator", ops)
         dtypes = t.get("dtypes", list, item=str, choices=set(DTYPES))
+        if not dtypes:
+            raise t.error("dtypes", "at least one dtype", dtypes)
         shapes = _shapes(t)
         t.done()
         for op in ops:
-            d, s = merged.setdefault(op, ([], []))
-            d.extend(x for x in dtypes if x not in d)
-            s.extend(x for x in shapes if x not in s)
+            d, s = merged.setdefault(op, ({}, {}))
+            d.update(dict.fromkeys(dtypes))
+            for shape in shapes:
+                s[shape] = None
+                if len(s) > MAX_SHAPES_PER_OPERATOR:
+                    raise doc.error("workload", f"at most {MAX_SHAPES_PER_OPERATOR} distinct shapes per operator "
+                                                f"(the JIT serves other shapes at run time)",
+                                    f"more than {MAX_SHAPES_PER_OPERATOR} for {op}")
+        too_big = oversized(ops, dtypes, dict.fromkeys(shapes), hardware)
+        if too_big:
+            raise t.error("shapes", too_big)
     return {op: Workload(op, tuple(d), tuple(s)) for op, (d, s) in merged.items()}
 
 
@@ -107,12 +160,12 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     doc = tomlfile.read(path)
     inst = doc.table("instance")
     name = inst.get("name", str, default=path.stem)
-    if not name or "/" in name or name.startswith("."):
-        raise inst.error("name", "a plain folder name for build/<name>", name)
+    if not PLAIN_NAME.fullmatch(name):
+        raise inst.error("name", f"a plain folder name for build/<name>: {PLAIN_NAME_RULE}", name)
     target = inst.get("target", str)
-    if not (Path(hwdb_dir) / f"{target}.toml").exists():
+    if not PLAIN_NAME.fullmatch(target) or not (Path(hwdb_dir) / f"{target}.toml").exists():
         known = ", ".join(sorted(p.stem for p in Path(hwdb_dir).glob("*.toml")))
-        raise inst.error("target", f"a hwdb entry in {hwdb_dir}/ (one of: {known})", target)
+        raise inst.error("target", f"a hwdb entry in {hwdb_dir}/, by its name (one of: {known})", target)
     preset_name = inst.get("preservation", str, choices=set(ruleset.presets))
     inst.done()
 
@@ -137,11 +190,14 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     validation = doc.table("validation", default={})
     trials = validation.get("trials", int, default=2)
     repetitions = validation.get("timing_repetitions", int, default=20)
+    for key, value in (("trials", trials), ("timing_repetitions", repetitions)):
+        if value < 1:   # zero trials would pass any kernel; zero repetitions time it as a median of nothing
+            raise validation.error(key, "an integer >= 1", value)
     validation.done()
 
     cache = config.settings(doc.table("cache", default={}))
     synthesis = _synthesis(doc)
-    workload = _workload(doc, ruleset)
+    workload = _workload(doc, ruleset, hw.load_target(hwdb_dir, target))
     for op, w in workload.items():
         missing = [d for d in w.dtypes if d not in tolerance]
         if missing:

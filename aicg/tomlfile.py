@@ -15,25 +15,71 @@ _MISSING = object()
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
                list: "an array", dict: "a table"}
+_PLURAL_NAMES = {str: "strings", int: "integers", float: "numbers", bool: "true or false values",
+                 list: "arrays", dict: "tables"}
+
+
+# Limits on what is read as an input at all: the largest shipped TOML is a few tens of KiB, and
+# everything is held in memory and hashed into step keys.
+MAX_BYTES = 2**20
+INT64 = range(-2**63, 2**63)   # what a step key (msgpack) and the CUDA side can hold
 
 
 def read(path: Path) -> "Table":
     path = Path(path)
+    return Table(path, _parse(path, _read_bytes(path)), "")
+
+
+def read_optional(path: Path) -> "Table | None":
+    """The table at `path`, or None where there is no file (a directory or an unreadable file is an error)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    return read(path)
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as file:
+            data = file.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise InputError(path, "(file)", "an existing TOML file") from None
+    except IsADirectoryError:
+        raise InputError(path, "(file)", "a TOML file, not a directory") from None
+    except OSError as err:
+        raise InputError(path, "(file)", "a readable TOML file", err.strerror or str(err)) from None
+    if len(data) > MAX_BYTES:
+        raise InputError(path, "(file)", f"a TOML file of at most {MAX_BYTES} bytes", f"{len(data)} bytes or more")
+    return data
+
+
+def _parse(path: Path, data: bytes) -> dict:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(path, "(encoding)", "UTF-8 text",
+                         f"byte 0x{data[err.start]:02x} on line {line}") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise InputError(path, "(syntax)", "valid TOML", str(err)) from None
-    return Table(path, data, "")
+    except RecursionError:
+        raise InputError(path, "(syntax)", "valid TOML, its arrays and inline tables nested less deeply",
+                         "nesting too deep to read") from None
 
 
 def _type_ok(value, kind) -> bool:
     if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            isinstance(value, float) or value in INT64)
     if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, int) and not isinstance(value, bool) and value in INT64
     return isinstance(value, kind)
+
+
+def _too_wide(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value not in INT64
 
 
 class Table:
@@ -41,11 +87,14 @@ class Table:
         self.file, self.data, self.prefix = file, data, prefix
         self._seen: set[str] = set()
 
-    def _path(self, key: str) -> str:
+    def dotted(self, key: str) -> str:
+        """The key's full name in its file, as errors name it."""
         return f"{self.prefix}.{key}" if self.prefix else key
 
+    _path = dotted   # the name loaders used before
+
     def error(self, key: str, expected: str, found=None) -> InputError:
-        return InputError(self.file, self._path(key), expected, found)
+        return InputError(self.file, self.dotted(key), expected, found)
 
     def __contains__(self, key: str) -> bool:
         return key in self.data
@@ -62,11 +111,14 @@ class Table:
             return default
         value = self.data[key]
         if not _type_ok(value, kind):
-            raise self.error(key, _TYPE_NAMES.get(kind, str(kind)), value)
+            wide = _too_wide(value) and kind in (int, float)
+            raise self.error(key, "an integer of at most 64 bits" if wide else _TYPE_NAMES.get(kind, str(kind)), value)
         if item is not None:
             for element in value:
                 if not _type_ok(element, item):
-                    raise self.error(key, f"an array of {_TYPE_NAMES.get(item, item)}s", value)
+                    wide = _too_wide(element) and item in (int, float)
+                    raise self.error(key, "an array of " + ("integers of at most 64 bits" if wide
+                                                            else _PLURAL_NAMES.get(item, str(item))), value)
         if choices is not None:
             values = value if isinstance(value, list) else [value]
             for element in values:
@@ -77,8 +129,8 @@ class Table:
     def table(self, key: str, default=_MISSING) -> "Table":
         if default is not _MISSING and key not in self.data:
             self._seen.add(key)
-            return Table(self.file, {}, self._path(key))
-        return Table(self.file, self.get(key, dict), self._path(key))
+            return Table(self.file, {}, self.dotted(key))
+        return Table(self.file, self.get(key, dict), self.dotted(key))
 
     def tables(self) -> list[tuple[str, "Table"]]:
         """Every key of this table as a sub-table (for maps of named entries)."""

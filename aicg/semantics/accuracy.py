@@ -112,11 +112,10 @@ def clip_shapes(shapes, longest: int | None) -> tuple:
     a stride keeping its padding; duplicates dropped, order kept."""
     if longest is None:
         return tuple(shapes)
-    clipped = []
+    clipped = {}    # a dict keeps the first-seen order and finds a repeat at once
     for shape in shapes:
         rows, cols, *stride = shape
         if not keeps(longest, cols):
             shape = (rows, longest, *(s - cols + longest for s in stride))
-        if tuple(shape) not in clipped:
-            clipped.append(tuple(shape))
+        clipped[tuple(shape)] = None
     return tuple(clipped)

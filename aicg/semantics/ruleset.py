@@ -8,6 +8,7 @@ constrains) is checked here, naming the file and key that is wrong.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +225,9 @@ def read_tolerance(table: tomlfile.Table, required: bool) -> dict[str, tuple[flo
     section = table.table("tolerance") if required else table.table("tolerance", default={})
     for dtype, t in section.tables():
         tolerance[dtype] = (t.get("rtol", float), t.get("atol", float))
+        for key, value in zip(("rtol", "atol"), tolerance[dtype]):
+            if not (math.isfinite(value) and value >= 0):   # NaN would fail every check, inf pass any
+                raise t.error(key, "a finite number >= 0", value)
         t.done()
     return tolerance
 
@@ -289,7 +293,7 @@ def _family_fields(t: tomlfile.Table, base: dict, rules: dict[str, Rule]) -> dic
     if "param_rules" in t:
         entries = []
         for i, item in enumerate(t.get("param_rules", list)):
-            sub = tomlfile.Table(t.file, item, t._path(f"param_rules[{i}]"))
+            sub = tomlfile.Table(t.file, item, t.dotted(f"param_rules[{i}]"))
             entries.append(ParamRule(sub.get("param", str, choices=set(TEMPLATE_PARAMS)),
                                      sub.get("when", str, choices=PARAM_PREDICATES),
                                      sub.get("rule", str, choices=set(rules))))
