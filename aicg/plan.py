@@ -308,6 +308,7 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 same_bits = dict(p, topology=codegen.UNSTAGED.get(p["topology"], p["topology"]))
                 longest = accuracy.longest_row(ruleset, op, dtype_name, p, bound) if ruleset else None
                 served = accuracy.served(shapes, longest)
+                serves = set(served)   # looked up once per shape below: a tuple's scan made that quadratic
                 why = None
                 if not served:
                     why = _too_long(longest, min(c for _, c in shapes), family.name, dtype_name, bound, ruleset)
@@ -321,7 +322,7 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                     continue
                 times, prior = _predict(family, dtype_name, p, shapes, hw, measured)
                 # a shape it may not serve: never its shape to lead, nor a time to rank it by
-                times = tuple(t if s in served else math.inf for t, s in zip(times, shapes))
+                times = tuple(t if s in serves else math.inf for t, s in zip(times, shapes))
                 pool.append(Candidate(candidate_id(family.name, dtype_name, p), op, family.name,
                                       dtype_name, p, rules, times, prior, longest))
             kept.setdefault(dtype_name, set()).update(r for c in pool for r in c.rules)
