@@ -53,6 +53,8 @@ def include_closure(header: str, kernels_dir: Path) -> dict[str, bytes]:
             found[name] = path.read_bytes()
         except FileNotFoundError:
             raise CompileError(f"{path}: included header not found") from None
+        except OSError as err:
+            raise CompileError(f"{path}: cannot read included header ({err.strerror or err})") from None
         pending.extend(m.decode() for m in _INCLUDE.findall(found[name]))
     return dict(sorted(found.items()))
 

@@ -379,9 +379,6 @@ def test_an_unreadable_realisation_profile(rules_dir, hwdb_dir, default_profile,
         planning.load(rules_dir, default_profile, hwdb_dir)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="aicg/nvrtc.py include_closure() turns only FileNotFoundError into an error the "
-                          "front end reports: doit prints a PermissionError traceback")
 def test_an_unreadable_kernel_header(tmp_path, unreadable):
     output = _refused(tmp_path, profile_text(), "list",
                       edit_project=lambda project: unreadable(project / "kernels" / "reduce.cuh"))

@@ -243,3 +243,12 @@ def test_only_figures_that_moved_rebuild_the_plans_that_read_them(tmp_path):
     run = doit(project, "build", PROFILE)
     # no plan reads tensor-core throughput; the manifest records the entry it was built for
     assert run.executed == ["hw:nvidia-h200", "package"]
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_probe_that_measured_nothing_writes_nothing(hwdb_dir, value):
+    path = record.entry_for(hwdb_dir, "NVIDIA H200", (9, 0))
+    before = path.read_bytes()
+    with pytest.raises(InputError, match="a positive finite measurement"):
+        _merge(path, Figure("dram_copy_bandwidth", value, "byte/s", "copy of 2 GiB", 7, 0.01))
+    assert path.read_bytes() == before

@@ -14,6 +14,7 @@ Curves go beside the entry in hwdb/<gpu>.curves.json, one object per probe.
 from __future__ import annotations
 
 import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -116,6 +117,10 @@ def merge(path: Path, device_name: str, compute_capability: tuple[int, int], pro
         expected = hw.REQUIRED_FACTS.get(fig.name)
         if expected is not None and fig.unit != expected:
             raise InputError(path, f"measured.{fig.name}.unit", repr(expected), fig.unit)
+        if not (isinstance(fig.value, (int, float)) and math.isfinite(fig.value) and fig.value > 0):
+            # a probe that measured nothing must not write what the entry would then refuse to load
+            raise InputError(path, f"measured.{fig.name}.value", f"a positive finite measurement from probe {probe}",
+                             fig.value)
         old = measured.get(fig.name)
         if old is not None and within_spread(old, fig):
             report.kept.append(fig.name)
