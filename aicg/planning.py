@@ -1,8 +1,9 @@
 """What planning an instance reads, loaded once: rule sets, profile, target, plan inputs, prior.
 
-The build (aicg/tasks/graph.py) plans the profile's workload with it; the
-runtime's JIT (aicg/runtime/jit.py) plans one new shape with the same
-inputs, read from the snapshot an instance carries.
+The build (aicg/tasks/graph.py) plans the profile's workload with it, for the
+profile's target or the one `target=` names (aicg/target.py); the runtime's
+JIT (aicg/runtime/jit.py) plans one new shape with the same inputs, read from
+the snapshot an instance carries.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import hw, plan, plan_inputs, profile
+from . import target as targets
 from .primitives import realisation
 from .semantics import legality
 from .semantics import ruleset as ruleset_loader
@@ -37,9 +39,14 @@ class Planning:
         return sorted(found, key=lambda c: (c.predicted_seconds[0], c.id))
 
 
-def load(rules_dir: Path, profile_path: Path, hwdb_dir: Path) -> Planning:
+def load(rules_dir: Path, profile_path: Path, hwdb_dir: Path, target: str | None = None) -> Planning:
+    """`target`: as `doit build target=` gives it (None or "": the profile's own; "auto": the entry
+    of this machine's GPU; else an entry of hwdb_dir)."""
     rules = ruleset_loader.load(rules_dir)
     prof = profile.load(profile_path, rules, hwdb_dir)
+    if target:
+        device = targets.present_device() if target == targets.AUTO else None
+        prof = targets.retarget(prof, targets.resolve(target, hwdb_dir, device))
     hardware = hw.load_target(hwdb_dir, prof.target)
     inputs = plan_inputs.resolve(hardware)
     hw_facts = {name: inputs[name].value for name in plan.PLAN_INPUTS}

@@ -13,13 +13,15 @@ from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
 from aicg import nvrtc
+from aicg import target as targets
 from aicg.tasks import doit_tasks, probe_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 
 def profile_text(ops=("softmax", "row_sum"), dtypes=("float32",), shapes=((64, 1000),), per_family: int = 2,
                  preservation: str = "tolerance", extra: str = "") -> str:
-    """A small profile named "small" for the H200; `extra` adds TOML tables (before the workload)."""
+    """A small profile named "small" for the H200 (GPU tests build it for theirs: target=auto);
+    `extra` adds TOML tables (before the workload)."""
     def array(items):   # strings, numbers and nested sequences: JSON spells them as TOML does
         return json.dumps([list(i) if isinstance(i, tuple) else i for i in items])
     return (f'[instance]\nname = "small"\ntarget = "nvidia-h200"\npreservation = "{preservation}"\n\n'
@@ -40,6 +42,11 @@ def make_project(root: Path, profile: str = SMALL_PROFILE) -> Path:
     shutil.copy(REPO / "dodo.py", root / "dodo.py")
     (root / "rulesets/profiles/small.toml").write_text(profile)
     return root
+
+
+def instance_dir(project: Path, target: str, profile: str = "small.toml") -> Path:
+    """Where `doit build profile=rulesets/profiles/<profile> target=<target>` puts its instance."""
+    return project / "build" / targets.instance_of(project / "rulesets/profiles" / profile, target)
 
 
 def instance_files(project: Path, name: str = "small") -> dict[str, bytes]:

@@ -8,6 +8,7 @@ step.py); doit's database is local bookkeeping only.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from doit import get_var
@@ -15,8 +16,10 @@ from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
 from .. import cas, plan_inputs
+from .. import target as targets
 from ..dtypes import DTYPES
 from ..errors import CompileError, DeviceError, InputChanged, InputError
+from ..primitives import realisation
 from ..semantics import accuracy, explain, explore, legality
 from . import graph, record_task, step as steps, summary
 
@@ -37,14 +40,21 @@ _loaded: dict = {}
 
 
 def load() -> graph.Instance:
+    """The instance of profile=... (default: DEFAULT_PROFILE), for target=... (default: the
+    profile's own; "auto": this machine's GPU; aicg/target.py)."""
     root = Path.cwd()
     profile = Path(get_var("profile", DEFAULT_PROFILE))
     recache = get_var("recache", "0") not in ("", "0")
     try:
-        instance = graph.load_instance(graph.Layout(root), profile, root / "build", recache=recache)
+        instance = graph.load_instance(graph.Layout(root), profile, root / "build", recache=recache,
+                                       target=get_var("target", None))
     except (InputError, CompileError) as err:
         raise InvalidDodoFile(str(err)) from None
     _loaded["instance"] = instance
+    layout, prof = instance.layout, instance.profile
+    has_realisation = realisation.path_for(layout.hwdb, prof.target).exists()
+    for note in targets.notes(instance.hardware, has_realisation, prof.prior, layout.hwdb.relative_to(root)):
+        print(f"aicg: {note}", file=sys.stderr, flush=True)
     return instance
 
 
@@ -70,7 +80,8 @@ def _task(step: steps.Step, env: steps.Env) -> dict:
 
 
 def task_instance():
-    """Tasks of the compiler instance selected by profile=... (default: rulesets/profiles/default.toml)."""
+    """Tasks of the compiler instance selected by profile=... (default: rulesets/profiles/default.toml)
+    and target=... (default: the profile's)."""
     instance = load()
     for kind, doc in KIND_DOCS.items():
         yield {"basename": kind, "name": None, "doc": doc}

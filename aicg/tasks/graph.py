@@ -256,8 +256,12 @@ def planning_snapshot(layout: Layout, profile_path: Path, prof) -> dict[str, byt
     return files
 
 
-def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_config=None, recache=False) -> Instance:
-    planning = planning_inputs.load(layout.rules, profile_path, layout.hwdb)
+def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_config=None, recache=False,
+                  target: str | None = None) -> Instance:
+    """The instance of the profile at `profile_path`, for its own target or for `target` (as
+    `doit build target=` gives it: an hwdb entry, or "auto" for this machine's GPU; aicg/target.py)."""
+    from .. import target as targets
+    planning = planning_inputs.load(layout.rules, profile_path, layout.hwdb, target)
     rules, prof, hardware, inputs, hw_facts = (planning.rules, planning.prof, planning.hardware, planning.inputs,
                                                planning.hw_facts)
     realised, measured = planning.realised, planning.measured
@@ -281,5 +285,8 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
                 if decided[dtype].legal_families():
                     steps += _synthesis_steps(op, dtype, rules, prof, hardware, layout, work, hw_facts, decided)
         steps.append(_select_step(op, work, candidates, prof))
-    steps.append(packaging.package_step(prof, hardware, planned, rules, planning_snapshot(layout, profile_path, prof)))
+    snapshot = planning_snapshot(layout, profile_path, prof)
+    # built for another target, the JIT must plan for that one: its profile says so
+    snapshot["source/profile.toml"] = targets.snapshot_profile(profile_path, prof)
+    steps.append(packaging.package_step(prof, hardware, planned, rules, snapshot))
     return Instance(rules, layout, prof, hardware, steps, env, inputs, rejected)
