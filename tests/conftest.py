@@ -1,5 +1,7 @@
 """Shared fixtures: the repository's inputs, editable copies of them in
-tmp_path, and a checker for InputError messages."""
+tmp_path, a checker for InputError messages, and the gate of the GPU tests:
+this machine's GPU and its hwdb entry (`device_target`), never a GPU named in
+a test."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from aicg import hw
+from aicg import target as targets
 from aicg.errors import InputError
 from aicg.semantics import ruleset as ruleset_mod
 
@@ -19,6 +23,27 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def gpu_device():
+    """This machine's GPU, of any kind (a probe measures one the hwdb does not know yet); skips without one."""
+    device = targets.present_device()
+    if device is None:
+        pytest.skip("no CUDA GPU on this machine")
+    return device
+
+
+@pytest.fixture(scope="session")
+def device_target() -> hw.Hardware:
+    """The hardware record of this machine's GPU: its hwdb entry, found by the device's name and
+    compute capability as `doit probe` finds it. GPU tests compile, validate and build for it
+    (`doit build target=auto`); they skip where there is no GPU, or none the hwdb has an entry
+    for (the reason names the GPU and how to add it)."""
+    hardware, reason = targets.gpu_target(REPO / "hwdb", targets.present_device())
+    if hardware is None:
+        pytest.skip(reason)
+    return hardware
 
 
 @pytest.fixture(scope="session")

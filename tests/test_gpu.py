@@ -1,7 +1,9 @@
 """GPU tests: validation on the device, and aicg.load against PyTorch and CuPy.
 
-Skipped without a GPU of the hwdb target's kind (CI has none); run on the
-H200 with `pytest -m gpu`.
+Every instance is built for this machine's GPU (`target=auto`), every kernel
+compiled and validated for its hwdb entry (the `device_target` fixture).
+Skipped without a GPU that hwdb/ has an entry for (CI has none); run on a GPU
+node with `pytest -m gpu`.
 """
 from __future__ import annotations
 
@@ -10,13 +12,9 @@ import json
 import numpy as np
 import pytest
 
-from aicg.runtime import driver
-from doit_project import doit, make_project
+from doit_project import doit, instance_dir, make_project
 
-pytestmark = pytest.mark.gpu
-
-DEVICE = driver.probe_device()
-needs_h200 = pytest.mark.skipif(DEVICE is None or DEVICE.name != "NVIDIA H200", reason="needs an NVIDIA H200")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device_target")]
 
 PROFILE = """
 [instance]
@@ -35,14 +33,13 @@ shapes = [[2048, 4096], [300, 20000]]
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(tmp_path_factory, device_target):
     project = make_project(tmp_path_factory.mktemp("gpu"), PROFILE)
-    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml", "target=auto")
     assert run.code == 0, run.output
-    return project / "build/gpu", run
+    return instance_dir(project, device_target.target), run
 
 
-@needs_h200
 def test_every_candidate_validates_and_is_timed(built):
     instance_dir, run = built
     results = [json.loads(p.read_text()) for p in (instance_dir / "validation").glob("*.json")]
@@ -67,7 +64,6 @@ def _torch_reference(torch, op, x, w=None, b=None, eps=1e-5):
     return refs[op]()
 
 
-@needs_h200
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "row_sum", "row_max", "rmsnorm", "layernorm"])
 def test_loaded_kernels_match_pytorch(built, op, dtype):
@@ -101,7 +97,6 @@ def test_loaded_kernels_match_pytorch(built, op, dtype):
         assert bool((err <= atol + rtol * scale).all()), f"{op} {dtype} {shape}: max error {err.max().item()}"
 
 
-@needs_h200
 def test_loaded_kernels_take_cupy_arrays(built):
     cupy = pytest.importorskip("cupy")
     import aicg
@@ -113,15 +108,13 @@ def test_loaded_kernels_take_cupy_arrays(built):
     assert np.allclose(y.get(), ref, rtol=1e-5, atol=1e-7)
 
 
-@needs_h200
-def test_validation_rejects_a_kernel_that_writes_nothing():
-    from aicg import hw, nvrtc
+def test_validation_rejects_a_kernel_that_writes_nothing(device_target):
+    from aicg import nvrtc
     from aicg.validate import validate_on_device
-    from doit_project import REPO
     source = ('extern "C" __global__ void aicg_kernel(const float* x, float* y, int rows, int cols) {'
               ' if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = 0.0f; }')
-    cubin, _, _ = nvrtc.compile_cubin(source, "lazy.cu", {}, "sm_90")
-    result = validate_on_device(cubin, hw.load(REPO / "hwdb/nvidia-h200.toml"), "row_sum", "float32",
+    cubin, _, _ = nvrtc.compile_cubin(source, "lazy.cu", {}, device_target.arch)
+    result = validate_on_device(cubin, device_target, "row_sum", "float32",
                                 {"threads": 128, "vec_bytes": 4, "topology": "warp", "fast_exp": False, "cache_packs": 0},
                                 tolerance=(1e-5, 1e-7), deterministic=True, bitwise=False, check_shapes=[(5, 7)],
                                 timed_shapes=[], trials=2, repetitions=3)
@@ -145,27 +138,27 @@ shapes = [[300, 4097], [1000, 128]]
 """
 
 
-@needs_h200
-def test_a_bitwise_instance_matches_the_reference_order_bit_for_bit(tmp_path):
+def test_a_bitwise_instance_matches_the_reference_order_bit_for_bit(tmp_path, device_target):
     project = make_project(tmp_path / "bitwise", BITWISE)
-    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml", "target=auto")
     assert run.code == 0, run.output
-    results = [json.loads(p.read_text()) for p in (project / "build/gpu-bitwise/validation").glob("*.json")]
+    validation = instance_dir(project, device_target.target) / "validation"
+    results = [json.loads(p.read_text()) for p in validation.glob("*.json")]
     assert results and all(r["status"] == "passed" for r in results)
     assert all(c["bitwise_reference_order"] and c["repeatable"] for r in results for c in r["checks"])
 
 
-@needs_h200
-def test_a_tree_sum_fails_a_bitwise_demand():
-    from aicg import codegen, hw, nvrtc
+def test_a_tree_sum_fails_a_bitwise_demand(device_target):
+    from aicg import codegen, nvrtc
     from aicg.semantics import ruleset
     from aicg.validate import validate_on_device
     from doit_project import REPO
     family = ruleset.load(REPO / "rulesets").families["row_sum_tree"]
     params = {"threads": 256, "vec_bytes": 16, "topology": "block", "fast_exp": False, "cache_packs": 0}
     source = codegen.source("tree", family, "float32", params)
-    cubin, _, _ = nvrtc.compile_cubin(source, "tree.cu", nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90")
-    result = validate_on_device(cubin, hw.load(REPO / "hwdb/nvidia-h200.toml"), "row_sum", "float32", params,
+    cubin, _, _ = nvrtc.compile_cubin(source, "tree.cu", nvrtc.include_closure(family.header, REPO / "kernels"),
+                                      device_target.arch)
+    result = validate_on_device(cubin, device_target, "row_sum", "float32", params,
                                 tolerance=(0.0, 0.0), deterministic=True, bitwise=True, check_shapes=[(64, 4097)],
                                 timed_shapes=[], trials=2, repetitions=3)
     assert result["status"] == "failed"

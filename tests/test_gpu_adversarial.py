@@ -2,7 +2,8 @@
 
 Each kernel below is wrong in one of the ways weak validation lets through;
 validation (under the deterministic preset) must reject every one and accept
-the correct ones. Skipped without an H200; run with `pytest -m gpu`.
+the correct ones, compiled and validated for this machine's GPU (its hwdb entry). Skipped
+without a GPU that hwdb/ has an entry for; run with `pytest -m gpu`.
 """
 from __future__ import annotations
 
@@ -10,16 +11,13 @@ import json
 
 import pytest
 
-from aicg import hw, nvrtc
-from aicg.runtime import driver
+from aicg import nvrtc
 from aicg.semantics import ruleset as ruleset_loader
 from aicg.synth import proposal as proposals
-from doit_project import REPO, doit, make_project
+from doit_project import REPO, doit, instance_dir, make_project
 from llm_server import BROKEN, CORRECT, WRONG, ChatServer, answer, synth_profile
 
-pytestmark = pytest.mark.gpu
-DEVICE = driver.probe_device()
-needs_h200 = pytest.mark.skipif(DEVICE is None or DEVICE.name != "NVIDIA H200", reason="needs an NVIDIA H200")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device_target")]
 
 SUM = """
 using G = aicg::RowGroup<THREADS, TOPOLOGY>;
@@ -63,7 +61,7 @@ WRONG_KERNELS = {
 PARAMS = {"threads": 256, "topology": "block"}
 
 
-def _validate(body_text: str):
+def _validate(body_text: str, target):
     from aicg.validate import validate_on_device
     rules = ruleset_loader.load(REPO / "rulesets")
     p = proposals.Proposal("test", "source", (), PARAMS, body=body_text)
@@ -71,55 +69,53 @@ def _validate(body_text: str):
     headers = {}
     for h in proposals.headers_for(p, main):
         headers.update(nvrtc.include_closure(h, REPO / "kernels"))
-    cubin, _, _ = nvrtc.compile_cubin(source, "adversarial.cu", headers, "sm_90")
-    return validate_on_device(cubin, hw.load(REPO / "hwdb/nvidia-h200.toml"), "row_sum", "float32", PARAMS,
+    cubin, _, _ = nvrtc.compile_cubin(source, "adversarial.cu", headers, target.arch)
+    return validate_on_device(cubin, target, "row_sum", "float32", PARAMS,
                               tolerance=(1e-5, 1e-7), deterministic=True, bitwise=False,
                               check_shapes=[(3, 1), (5, 7), (37, 1000), (9, 4097), (3001, 33), (64, 4096)],
                               timed_shapes=[(32768, 4096)], trials=2, repetitions=5)
 
 
-@needs_h200
 @pytest.mark.parametrize("name", sorted(WRONG_KERNELS))
-def test_validation_rejects(name):
-    result = _validate(WRONG_KERNELS[name])
+def test_validation_rejects(name, device_target):
+    result = _validate(WRONG_KERNELS[name], device_target)
     assert result["status"] == "failed", (name, result)
 
 
-@needs_h200
 @pytest.mark.parametrize("name, text, fault", [
     ("faults", body(store="y[row] = acc; if (row == 0) y[-(1ll << 40)] = acc;"), "CUDA"),
     ("never finishes", body(store="y[row] = acc; while (rows > 0) __nanosleep(1000);"), "no answer"),
 ])
-def test_a_kernel_that_faults_or_never_finishes_fails_and_the_next_is_validated(name, text, fault, monkeypatch):
+def test_a_kernel_that_faults_or_never_finishes_fails_and_the_next_is_validated(name, text, fault, monkeypatch,
+                                                                              device_target):
     from aicg.validate import isolated
     monkeypatch.setattr(isolated.worker, "seconds", 60)
-    result = _validate(text)
+    result = _validate(text, device_target)
     assert result["status"] == "failed" and fault in result["fault"], (name, result)
-    assert _validate(body())["status"] == "passed"
+    assert _validate(body(), device_target)["status"] == "passed"
 
 
-@needs_h200
-def test_validation_accepts_a_correct_kernel():
-    result = _validate(body())
+def test_validation_accepts_a_correct_kernel(device_target):
+    result = _validate(body(), device_target)
     assert result["status"] == "passed", [c for c in result["checks"] if not c["passed"]][:2]
     assert result["timings"] and not result["implausibly_fast"]
 
 
 
 
-@needs_h200
-def test_the_loop_repairs_a_failing_proposal_into_a_valid_kernel(tmp_path):
+def test_the_loop_repairs_a_failing_proposal_into_a_valid_kernel(tmp_path, device_target):
     server = ChatServer([answer(BROKEN), answer(WRONG), answer(CORRECT)])
     try:
         project = make_project(tmp_path / "p", synth_profile(server.url, shapes="[[2048, 4096]]"))
-        run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+        run = doit(project, "build", "profile=rulesets/profiles/small.toml", "target=auto")
     finally:
         server.stop()
     assert run.code == 0, run.output
-    manifest = json.loads((project / "build/small/manifest.json").read_text())
+    root = instance_dir(project, device_target.target)
+    manifest = json.loads((root / "manifest.json").read_text())
     rounds = manifest["synthesis"]["softmax.float32"]
     assert [r["outcome"] for r in rounds] == ["compile_error", "invalid", "accepted"]
     assert "error/bound" in rounds[1]["feedback"]          # the validation statistics were fed back
-    selection = json.loads((project / "build/small/select/softmax.json").read_text())
+    selection = json.loads((root / "select/softmax.json").read_text())
     assert any(r["id"] == "synth:softmax.float32" and r["status"] == "passed"
                for r in selection["dtypes"]["float32"]["candidates"])

@@ -1,6 +1,7 @@
 """GPU checks of kernels/ieee.cuh: each branch-free operation against the CUDA operation it replaces.
 
-Skipped without a GPU; run on a GPU node with `pytest -m gpu`.
+Compiled for this machine's GPU (its hwdb entry); skipped without a GPU that hwdb/ has an entry for.
+Run on a GPU node with `pytest -m gpu`.
 """
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import pytest
 from aicg import nvrtc
 from aicg.runtime import driver
 
-DEVICE = driver.probe_device()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE is None, reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu
 
 # Each entry counts the floats of [first, first + count) (as bit patterns, the count wrapping past
 # 2^32 - 1) on which the operation differs from CUDA's bit for bit; where CUDA's is NaN, any NaN is right.
@@ -80,10 +80,9 @@ extern "C" __global__ void fmaxf_of_pairs(unsigned long long pairs, unsigned lon
 
 
 @pytest.fixture(scope="module")
-def mismatches(repo):
-    arch = "sm_%d%d" % DEVICE.compute_capability
+def mismatches(repo, device_target):
     cubin = nvrtc.compile_cubin(MISMATCHES, "ieee_check.cu", nvrtc.include_closure("ieee.cuh", repo / "kernels"),
-                                arch)[0]
+                                device_target.arch)[0]
     kernels = {name: driver.Kernel(cubin, name) for name in ("reciprocal_of_sum", "reciprocal_sqrt")}
 
     def count(operation: str, first: int, n: int) -> int:
@@ -115,10 +114,9 @@ def test_the_checks_see_a_difference(mismatches):
 
 
 @pytest.fixture(scope="module")
-def max_mismatches(repo):
-    arch = "sm_%d%d" % DEVICE.compute_capability
+def max_mismatches(repo, device_target):
     cubin = nvrtc.compile_cubin(MAX_MISMATCHES, "max_check.cu",
-                                nvrtc.include_closure("reduce.cuh", repo / "kernels"), arch)[0]
+                                nvrtc.include_closure("reduce.cuh", repo / "kernels"), device_target.arch)[0]
     kernels = {name: driver.Kernel(cubin, name) for name in ("max_of_pairs", "fmaxf_of_pairs")}
 
     def count(kernel: str, pairs: int) -> int:

@@ -1,7 +1,8 @@
 """GPU test: the fused chains built, validated on the device and called from PyTorch
 match float64 over awkward shapes, in every dtype.
 
-Skipped without an H200 (the hwdb target); run on the device with `pytest -m gpu`.
+Built for this machine's GPU (`target=auto`); skipped without a GPU that hwdb/ has an entry for. Run on
+the device with `pytest -m gpu`.
 """
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import math
 
 import pytest
 
-from aicg.runtime import driver
-from doit_project import doit, make_project, profile_text
+from doit_project import doit, instance_dir, make_project, profile_text
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    driver.probe_device() is None or driver.probe_device().name != "NVIDIA H200", reason="needs an NVIDIA H200")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device_target")]
 
 DTYPES = ("float32", "bfloat16", "float16")
 TOLERANCE = {"float32": (1e-5, 1e-7), "bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}
@@ -22,12 +21,12 @@ PROFILE = profile_text(ops=("bias_gelu_residual", "residual_rmsnorm"), dtypes=DT
 
 
 @pytest.fixture(scope="module")
-def instance(tmp_path_factory):
+def instance(tmp_path_factory, device_target):
     import aicg
     project = make_project(tmp_path_factory.mktemp("gpu_fused"), PROFILE)
-    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml", "target=auto")
     assert run.code == 0, run.output
-    return aicg.load(project / "build/small")
+    return aicg.load(instance_dir(project, device_target.target))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -62,10 +61,10 @@ def test_fused_chains_match_float64(instance, dtype, shape, x_cols, r_cols):
 
 
 @pytest.mark.parametrize("stride", [2**30 + 64, 2**30 + 65])   # whole packs apart; one element at a time
-def test_the_flat_walk_indexes_in_64_bits_where_rows_reach_past_2_to_the_31(stride):
+def test_the_flat_walk_indexes_in_64_bits_where_rows_reach_past_2_to_the_31(stride, device_target):
     """Three rows 2^30 elements apart reach past 2^31 elements: the flat walk's 64-bit index
     path (every other test stays in 32 bits), with packs and, for an odd stride, without."""
-    from aicg import codegen, hw, nvrtc
+    from aicg import codegen, nvrtc
     from aicg.semantics import ruleset
     from aicg.validate import validate_on_device
     from doit_project import REPO
@@ -73,8 +72,9 @@ def test_the_flat_walk_indexes_in_64_bits_where_rows_reach_past_2_to_the_31(stri
     family = rules.families["bias_gelu_residual_map"]
     params = {"threads": 256, "vec_bytes": 16, "topology": "flat", "fast_exp": False, "cache_packs": 0}
     source = codegen.source("flat", family, "bfloat16", params)
-    cubin = nvrtc.compile_cubin(source, "flat.cu", nvrtc.include_closure(family.header, REPO / "kernels"), "sm_90")[0]
-    result = validate_on_device(cubin, hw.load(REPO / "hwdb/nvidia-h200.toml"), "bias_gelu_residual", "bfloat16",
+    cubin = nvrtc.compile_cubin(source, "flat.cu", nvrtc.include_closure(family.header, REPO / "kernels"),
+                                device_target.arch)[0]
+    result = validate_on_device(cubin, device_target, "bias_gelu_residual", "bfloat16",
                                 params, tolerance=rules.presets["tolerance"].tolerance["bfloat16"], deterministic=True,
                                 bitwise=False, check_shapes=[(3, 64, stride)], timed_shapes=[], trials=1,
                                 repetitions=1)

@@ -1,7 +1,8 @@
 """GPU test: shapes outside an instance's workload go through the JIT: planned,
 compiled, validated on the device before their first launch, cached, correct.
 
-Skipped without an H200 (the hwdb target); run on the device with `pytest -m gpu`.
+Built for this machine's GPU (`target=auto`); skipped without a GPU that hwdb/ has an entry for. Run on
+the device with `pytest -m gpu`.
 """
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import shutil
 
 import pytest
 
-from aicg.runtime import driver
-from doit_project import doit, make_project, profile_text
+from doit_project import doit, instance_dir, make_project, profile_text
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    driver.probe_device() is None or driver.probe_device().name != "NVIDIA H200", reason="needs an NVIDIA H200")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device_target")]
 
 PROFILE = profile_text(ops=("softmax", "rmsnorm"), dtypes=("float32", "bfloat16"), shapes=((256, 4096),),
                        per_family=1, extra="[validation]\ntiming_repetitions = 3\n")
@@ -21,11 +20,11 @@ NEW_SHAPES = [(1 << 20, 8), (3000, 96), (1, 65536), (5, 7)]
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(tmp_path_factory, device_target):
     project = make_project(tmp_path_factory.mktemp("gpu_jit"), PROFILE)
-    run = doit(project, "build", "profile=rulesets/profiles/small.toml")
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml", "target=auto")
     assert run.code == 0, run.output
-    return project / "build/small"
+    return instance_dir(project, device_target.target)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -6,20 +6,21 @@ parameters): where each block serves two or three rows, where the row fills ever
 and where it is streamed instead (a pack too long for the slots, or not whole packs). Then the
 build's validation against float64, awkward shapes included.
 
-Skipped without a GPU; run on a GPU node with `pytest -m gpu`.
+Compiled for this machine's GPU (its hwdb entry); skipped without a GPU that hwdb/ has an entry for.
+Run on a GPU node with `pytest -m gpu`.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from aicg import codegen, hw, nvrtc, occupancy, validate
+from aicg import codegen, nvrtc, occupancy, validate
 from aicg.dtypes import DTYPES
 from aicg.ops import OPERATORS
 from aicg.runtime import driver
 from aicg.validate import check
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(driver.probe_device() is None, reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu
 
 
 def _kernel(repo, family, dtype: str, params: dict, target):
@@ -33,9 +34,9 @@ def _kernel(repo, family, dtype: str, params: dict, target):
     ("layernorm_twopass", "float32", 1024, 8), ("rmsnorm_tree", "float32", 256, 8),
     ("softmax_twopass", "bfloat16", 512, 8), ("log_softmax_twopass", "float16", 1024, 4),
     ("log_softmax_online", "bfloat16", 256, 4)])
-def test_prefetched_rows_have_the_bits_of_one_block_per_row(repo, shipped_ruleset, family, dtype, threads,
-                                                           cache_packs):
-    target = hw.load_target(repo / "hwdb", "nvidia-h200")
+def test_prefetched_rows_have_the_bits_of_one_block_per_row(repo, shipped_ruleset, device_target, family, dtype,
+                                                           threads, cache_packs):
+    target = device_target
     fam = shipped_ruleset.families[family]
     params = {"threads": threads, "vec_bytes": 16, "topology": "block_prefetch", "fast_exp": False,
               "cache_packs": cache_packs}

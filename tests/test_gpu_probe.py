@@ -1,6 +1,8 @@
 """GPU tests of the probes: each runs on the device and gives sane, well-formed figures.
 
-Skipped without a GPU (CI has none); run on a GPU node with `pytest -m gpu`.
+They run on any GPU, one that hwdb/ has no entry for included (probing is how its entry
+begins: the `gpu_device` fixture, not `device_target`); skipped without a GPU (CI has none).
+Run on a GPU node with `pytest -m gpu`.
 The figures themselves are judged in docs/performance.md, not here: a test
 asserts what must hold on any GPU, never a speed.
 """
@@ -11,16 +13,16 @@ import math
 import pytest
 
 from aicg import hw, plan_inputs
-from aicg.probe import registry
+from aicg.errors import InputError
+from aicg.probe import record, registry
 from aicg.runtime import driver
 from doit_project import doit, make_project
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(driver.probe_device() is None, reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_device")]
 
 
 @pytest.fixture(scope="module")
-def gpu():
+def gpu(gpu_device):
     from aicg.probe.gpu import ProbeGPU
     device = ProbeGPU(progress=lambda line: None)
     yield device
@@ -51,15 +53,17 @@ def test_bank_conflicts_cost_more_than_conflict_free_access(gpu):
     assert figures["shared_bank_conflict_32way_penalty"] > 2
 
 
-def test_doit_probe_writes_the_measured_section_that_plans_then_read(tmp_path):
+def test_doit_probe_writes_the_measured_section_that_plans_then_read(tmp_path, gpu_device):
     project = make_project(tmp_path / "proj")
     run = doit(project, "probe:launch")
     assert run.code == 0, run.output
-    info = driver.probe_device()
-    entry = next(p for p in (project / "hwdb").glob("*.toml")
-                 if hw.load(p).name == info.name) if info.name == "NVIDIA H200" else None
-    if entry is None:
-        pytest.skip("the entry of this GPU has no datasheet facts to plan with")
-    inputs = plan_inputs.resolve(hw.load(entry))
+    # the entry of this GPU, as the probe found (or created) it
+    entry = record.entry_for(project / "hwdb", gpu_device.name, gpu_device.compute_capability)
+    assert entry.exists(), run.output
+    try:
+        hardware = hw.load(entry)
+    except InputError as err:   # created by this probe: no datasheet facts to plan with yet
+        pytest.skip(f"the entry of {gpu_device.name} cannot be planned with: {err}")
+    inputs = plan_inputs.resolve(hardware)
     assert inputs["launch_seconds"].source.startswith("measured launch_overhead (launch probe, ")
     assert (project / "hwdb" / f"{entry.stem}.curves.json").exists()
