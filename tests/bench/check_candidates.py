@@ -1,7 +1,7 @@
 """Validate and time named candidates on this node's GPU, outside any build: a quick look at a
 kernel change before the lab or a build spends minutes on it.
 
-    python tests/bench/check_candidates.py [--shapes 4096x32768,1x65536] [--kernels DIR] CANDIDATE_ID...
+    python tests/bench/check_candidates.py [--shapes 4096x32768,1x65536] [--kernels DIR] [--target auto] CANDIDATE_ID...
 
 A candidate id is the planner's (family.dtype.tTHREADS.vBYTES.TOPOLOGY[.cN][.fastexp]). Each one is
 compiled, checked against float64 on the awkward shapes and the given shapes (rows cut to the
@@ -13,7 +13,8 @@ so that a change and what it replaces are timed in the same run. --same-bits als
 passed on one fresh input a shape (the awkward shapes and the given ones, --quick or not) and fails a
 candidate whose builds wrote different bytes: for a change that claims to keep the bits. --quick
 checks on the awkward shapes only (no float64 reference of the large shapes on the host). Exits
-non-zero if any candidate fails.
+non-zero if any candidate fails. --target names the hwdb entry compiled and validated for (default
+auto: this machine's GPU's entry).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from aicg import codegen, hw, nvrtc, occupancy, validate  # noqa: E402
+from aicg import target as targets  # noqa: E402
+from aicg.errors import InputError  # noqa: E402
 from aicg.semantics import accuracy, ruleset  # noqa: E402
 
 ID = re.compile(r"(?P<family>\w+)\.(?P<dtype>\w+)\.t(?P<threads>\d+)\.v(?P<vec>\d+)\.(?P<topology>\w+?)"
@@ -39,6 +42,15 @@ def params_of(candidate: str) -> tuple[str, str, dict]:
     return m["family"], m["dtype"], {"threads": int(m["threads"]), "vec_bytes": int(m["vec"]),
                                      "topology": m["topology"], "fast_exp": bool(m["fast"]),
                                      "cache_packs": int(m["cache"] or 0)}
+
+
+def hardware_for(requested: str) -> hw.Hardware:
+    """The hardware record of --target: an entry of hwdb/, or auto (this machine's GPU's entry)."""
+    device = targets.present_device() if requested == targets.AUTO else None
+    try:
+        return hw.load_target(ROOT / "hwdb", targets.resolve(requested, ROOT / "hwdb", device))
+    except InputError as err:
+        raise SystemExit(f"--target: {err}") from None
 
 
 def build(candidate: str, kernels: Path, rules, hardware, source: str | None = None) -> tuple[bytes, dict]:
@@ -56,7 +68,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("candidates", nargs="+")
     parser.add_argument("--shapes", default="4096x32768,32768x4096,1x65536")
-    parser.add_argument("--target", default="nvidia-h200")
+    parser.add_argument("--target", default=targets.AUTO)
     parser.add_argument("--preset", default="tolerance")
     parser.add_argument("--kernels", type=Path, action="append")
     parser.add_argument("--quick", action="store_true")
@@ -66,7 +78,7 @@ def main() -> int:
     shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
     kernel_dirs = args.kernels or [ROOT / "kernels"]
     rules = ruleset.load(ROOT / "rulesets")
-    hardware = hw.load(ROOT / "hwdb" / f"{args.target}.toml")
+    hardware = hardware_for(args.target)
     preset = rules.presets[args.preset]
     failed = 0
     for candidate in args.candidates:

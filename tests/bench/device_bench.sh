@@ -5,6 +5,8 @@
 #   PRIMITIVES_SECONDS=540   (run `doit primitives` first; the new profile is copied to $OUT, or, if
 #                             stopped, hwdb/<gpu>.realisation.partial.json: carry it back to resume)
 #   PROFILES="rulesets/profiles/default.toml rulesets/profiles/fused.toml"
+#   TARGET=auto              (each profile built for this GPU's hwdb entry: `doit build target=auto`; or an
+#                             entry's name; TARGET= builds each profile for its own target)
 #   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300  GRID_SELECT="4194304x1 or 1x65536" (a -k expression)
 #   FLUSHES="read write"     (each bench once per L2 flush, AICG_BENCH_FLUSH: test_memory_bound.py's docstring)
 #   PHASES="rmsnorm_tree.bfloat16.t512.v16.block.c4 ..."  PHASES_SHAPE=1x4096   (tests/bench/phases.py first)
@@ -23,6 +25,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 PROFILES=${PROFILES:-rulesets/profiles/default.toml}
+TARGET=${TARGET-auto}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOGS/gpu.txt"
 python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$LOGS/gpu.txt"
 if [ -n "${PHASES:-}" ]; then
@@ -43,8 +46,11 @@ if [ "${PRIMITIVES_SECONDS:-0}" -gt 0 ]; then
 fi
 instances=()
 for profile in $PROFILES; do
-  name=$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['instance']['name'])" "$profile")
-  timeout "${BUILD_SECONDS:-400}" python3 -m doit build profile="$profile" 2>&1 | tee "$LOGS/build-$name.log" | tail -25
+  # the instance's name as the build gives it (aicg/target.py: <target>-<profile stem> for another target)
+  name=$(python3 -c "import sys; from aicg import target as t
+print(t.instance_of(sys.argv[1], sys.argv[2] and t.resolve(sys.argv[2], 'hwdb', t.present_device())))" \
+    "$profile" "$TARGET") || exit 1
+  timeout "${BUILD_SECONDS:-400}" python3 -m doit build profile="$profile" target="$TARGET" 2>&1 | tee "$LOGS/build-$name.log" | tail -25
   cp "build/$name/manifest.json" "$LOGS/manifest-$name.json" 2>/dev/null
   instances+=("build/$name")
   keep_logs

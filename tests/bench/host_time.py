@@ -1,6 +1,8 @@
 """Host time per call of an instance's operators, beside PyTorch eager's, on the GPU.
 
-    python tests/bench/host_time.py build/h200-tolerance [--shape 1x4096] [--dtype float32] [--calls 200]
+    python tests/bench/host_time.py [build/<instance>] [--shape 1x4096] [--dtype float32] [--calls 200]
+
+Without an instance, the default profile's for this machine's GPU (`doit build target=auto`).
 
 Calls are queued back to back behind a GPU sleep (test_memory_bound.host_seconds), so that none
 waits for the device: the time is the host's alone (Python, argument checks, allocating the
@@ -16,19 +18,19 @@ import torch
 
 import aicg
 import peers   # tests/bench, beside this script
-from test_memory_bound import host_seconds
+from test_memory_bound import default_instance, host_seconds, this_gpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("instance")
+    parser.add_argument("instance", nargs="?")
     parser.add_argument("--shape", default="1x4096")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
     rows, cols = (int(n) for n in args.shape.split("x"))
     dtype = getattr(torch, args.dtype)
-    inst = aicg.load(args.instance)
+    inst = aicg.load(args.instance or default_instance(this_gpu()))
     x = torch.randn(rows, cols, device="cuda", dtype=dtype)
     print(f"aicg from {aicg.__file__}; {args.dtype} {rows}x{cols}, {args.calls} calls a round, median of 5")
     for op, kinds in peers.INPUTS.items():

@@ -1,7 +1,7 @@
 """Where a candidate's row time goes: SM cycles between the marks of kernels/phases.cuh, read by
 block 0's first and last threads, for the row that block serves.
 
-    python tests/bench/phases.py [--shape 1x4096] [--launches 25] [--flush memset|none] [--kernels DIR] CANDIDATE_ID...
+    python tests/bench/phases.py [--shape 1x4096] [--launches 25] [--flush memset|none] [--kernels DIR] [--target auto] CANDIDATE_ID...
 
 Each candidate is compiled with AICG_PHASES defined (the marks compiled in; without it they are
 nothing), launched on the operator's timing inputs (the L2 flushed by a memset of twice its size
@@ -10,7 +10,7 @@ is printed: from the kernel's start to the row set up (a held row's loads issued
 reduction and write, in the order the kernel reaches them. A mark's clock is read where the thread
 reaches it, so a sweep's cycles include waiting for its loads, and a write's only issuing its stores.
 The marks' code can move registers about: compare candidates with each other, not with their
-uninstrumented times.
+uninstrumented times. Compiled for --target (default auto: this machine's GPU's hwdb entry).
 """
 from __future__ import annotations
 
@@ -25,13 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))   # check_candidates, beside this script
 
-from aicg import codegen, hw  # noqa: E402
+from aicg import codegen  # noqa: E402
+from aicg import target as targets  # noqa: E402
 from aicg.dtypes import DTYPES  # noqa: E402
 from aicg.ops import OPERATORS  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
 from aicg.semantics import ruleset  # noqa: E402
 from aicg.validate import check  # noqa: E402
-from check_candidates import build, params_of  # noqa: E402
+from check_candidates import build, hardware_for, params_of  # noqa: E402
 
 MARKS = 32   # AICG_PHASES: the marks kept a thread
 NAMES = {0: "start", 1: "set-up", 2: "sweep", 3: "reduction", 4: "write"}
@@ -94,14 +95,14 @@ def main() -> int:
     parser.add_argument("--launches", type=int, default=25)
     parser.add_argument("--flush", choices=("memset", "none"), default="memset")
     parser.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    parser.add_argument("--target", default="nvidia-h200")
+    parser.add_argument("--target", default=targets.AUTO)
     args = parser.parse_args()
     shape = tuple(int(n) for n in args.shape.split("x"))
     rules = ruleset.load(ROOT / "rulesets")
-    hardware = hw.load(ROOT / "hwdb" / f"{args.target}.toml")
     device = driver.probe_device()
     if device is None:
         raise SystemExit("no CUDA device here: the marks are read on the GPU")
+    hardware = hardware_for(args.target)
     for candidate in args.candidates:
         report, runs = measure(candidate, shape, args.launches, args.flush, args.kernels, rules, hardware, device)
         print(f"{candidate} {shape[0]}x{shape[1]} ({report['registers']} registers with the marks), "

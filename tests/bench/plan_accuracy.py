@@ -4,14 +4,16 @@
     python3 tests/bench/plan_accuracy.py report OUT.json      # anywhere: needs the realisation profile
 
 `measure` compiles every legal candidate of the default profile's workload
-(with ACCURACY_SHAPES, awkward ones included), checks each against float64 on
+(with ACCURACY_SHAPES, awkward ones included) for this machine's GPU (its hwdb
+entry, as `doit build target=auto` finds it), checks each against float64 on
 a small awkward shape, and times it on every shape (events, L2 flushed,
 median). `report` ranks the same candidates with the measured prior
 (realisation profile + probed hwdb) and with the datasheet-only model, takes
 what the planner would benchmark (candidates_per_family per family and
 dtype), and compares the pick (fastest measured geometric mean among those)
 with the exhaustive best: the share benchmarked, the slowdown of each pick,
-and Spearman's rank correlation between predicted and measured times.
+and Spearman's rank correlation between predicted and measured times, planned
+for the entry the measurement was made on.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from aicg import hw, plan, plan_inputs, profile  # noqa: E402
+from aicg import target as targets  # noqa: E402
 from aicg.primitives import realisation  # noqa: E402
 from aicg.semantics import ruleset as ruleset_loader  # noqa: E402
 
@@ -32,9 +35,10 @@ ACCURACY_SHAPES = ((32768, 4096), (4096, 32768), (8192, 1000), (65536, 128), (30
 CHECK_SHAPE = (64, 333)
 
 
-def _setup(shapes=ACCURACY_SHAPES):
+def _setup(target: str, shapes=ACCURACY_SHAPES):
+    """The default profile's rules, profile (for `target`, with `shapes`) and hardware record."""
     rules = ruleset_loader.load(REPO / "rulesets")
-    prof = profile.load(REPO / "rulesets/profiles/default.toml", rules, REPO / "hwdb")
+    prof = targets.retarget(profile.load(REPO / "rulesets/profiles/default.toml", rules, REPO / "hwdb"), target)
     work = {op: dataclasses.replace(w, shapes=shapes) for op, w in prof.workload.items()}
     prof = dataclasses.replace(prof, workload=work)
     return rules, prof, hw.load_target(REPO / "hwdb", prof.target)
@@ -51,7 +55,10 @@ def measure(out: str, shapes: str | None = None) -> None:
     from aicg.validate import check
     shapes = (tuple(tuple(int(n) for n in s.split("x")) for s in shapes.split(","))
               if shapes else ACCURACY_SHAPES)
-    rules, prof, target = _setup(shapes)
+    hardware, reason = targets.gpu_target(REPO / "hwdb", targets.present_device())
+    if hardware is None:
+        raise SystemExit(reason)
+    rules, prof, target = _setup(hardware.target, shapes)
     inputs = plan_inputs.values(plan_inputs.resolve(target, measured=False))
     candidates = [c for _, cands in _all_candidates(rules, prof, inputs).values() for c in cands]
     configs = [lab.Config(c.op, c.family, c.dtype, c.params) for c in candidates]
@@ -67,8 +74,20 @@ def measure(out: str, shapes: str | None = None) -> None:
                          "seconds": [t["median_seconds"] for t in r["timings"]]}
         if i % 50 == 0:
             print(f"  {i}/{len(candidates)} {c.id}: {r['status']}", flush=True)
-    Path(out).write_text(json.dumps({"shapes": shapes, "device": device.name, "results": results}))
+    Path(out).write_text(json.dumps({"shapes": shapes, "device": device.name, "target": target.target,
+                                     "results": results}))
     print(f"timed {len(results)} candidates, {sum(r['status'] == 'passed' for r in results.values())} passed")
+
+
+def _target_of(data: dict) -> str:
+    """The entry a recorded measurement was made on: its target, or (before runs recorded one) the
+    entry whose identity names its device."""
+    if "target" in data:
+        return data["target"]
+    for entry in targets.known(REPO / "hwdb"):
+        if hw.load_target(REPO / "hwdb", entry).name == data["device"]:
+            return entry
+    raise SystemExit(f"no entry of hwdb/ names {data['device']}, the device the measurement was made on")
 
 
 def _geomean(xs):
@@ -95,7 +114,7 @@ def report(measured_path: str, realisation_path: str | None = None) -> dict:
     kernels that were timed)."""
     data = json.loads(Path(measured_path).read_text())
     timed = {cid: r for cid, r in data["results"].items() if r["status"] == "passed"}
-    rules, prof, target = _setup()
+    rules, prof, target = _setup(_target_of(data))
     real = realisation.load(Path(realisation_path) if realisation_path else realisation.path_for(REPO / "hwdb", target.target))
     models = {"datasheet": (plan_inputs.values(plan_inputs.resolve(target, measured=False)), None)}
     if real is not None:

@@ -1,12 +1,14 @@
 """On a GPU node, beside `doit probe`: the peers and checks the probe figures are judged by.
 
-    python3 tests/bench/probe_check.py hwdb/nvidia-h200.toml OUT_DIR
+    python3 tests/bench/probe_check.py hwdb/<this GPU's entry>.toml OUT_DIR
 
 Measures a PyTorch device-to-device copy of the same size as the dram probe's
-(bytes read + written over event time, median of 7 x 5), and disassembles
-every probe cubin with cuobjdump (where the node has it), counting the SASS
-instructions each probe means to measure. Writes OUT_DIR/probe_check.json
-and prints a table.
+(bytes read + written over event time, median of 7 x 5) against the entry's
+measured copy bandwidth, and disassembles every probe cubin for the entry's
+arch with cuobjdump (where the node has it), counting the SASS instructions
+each probe means to measure. Writes OUT_DIR/probe_check.json and prints a
+table. The entry is read as `doit probe` leaves it: one it has just created,
+with no datasheet facts yet, will do.
 """
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from aicg import hw  # noqa: E402
 from aicg.probe import registry  # noqa: E402
 from aicg.probe.gpu import compile_probe  # noqa: E402
 
@@ -89,11 +91,11 @@ def sass_counts(arch: str) -> dict:
 
 def main(entry: str, out_dir: str) -> None:
     out = Path(out_dir)
-    facts = hw.load(Path(entry)).facts
-    result = {"torch_copy": torch_copy(1 << 31), "sass": sass_counts("sm_90")}
-    probe_copy = facts.get("dram_copy_bandwidth")
+    doc = tomllib.loads(Path(entry).read_text(encoding="utf-8"))
+    result = {"torch_copy": torch_copy(1 << 31), "sass": sass_counts(doc["identity"]["arch"])}
+    probe_copy = doc.get("measured", {}).get("dram_copy_bandwidth")
     if probe_copy:
-        result["dram_copy_over_torch"] = probe_copy.value / result["torch_copy"]["median"]
+        result["dram_copy_over_torch"] = probe_copy["value"] / result["torch_copy"]["median"]
     (out / "probe_check.json").write_text(json.dumps(result, indent=1))
     print(f"torch copy {result['torch_copy']['median'] / 1e12:.3f} TB/s; probe copy / torch copy = "
           f"{result.get('dram_copy_over_torch', float('nan')):.3f}")

@@ -2,7 +2,9 @@
 by a read, a GPU sleep, device events around one call), to see whether a case's slow rounds belong to
 the kernel or to the run around it.
 
-    python tests/bench/rounds_check.py build/h200-tolerance [--op row_sum] [--shapes 32768x4096] [--rounds 30]
+    python tests/bench/rounds_check.py [build/<instance>] [--op row_sum] [--shapes 32768x4096] [--rounds 30]
+
+Without an instance, the default profile's for this machine's GPU (`doit build target=auto`).
 
 For each shape, twice: torch.cuda.empty_cache(), a fresh input and a float64 sum of another (as the
 benchmark's validation leaves the allocator), then the instance's kernel on the fresh input, on it
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import aicg  # noqa: E402
 import peers  # noqa: E402
-from test_memory_bound import device_seconds, draw_inputs, l2_flush  # noqa: E402
+from test_memory_bound import default_instance, device_seconds, draw_inputs, l2_flush, this_gpu  # noqa: E402
 
 
 def series(fn, flush, rounds: int) -> str:
@@ -36,13 +38,13 @@ def series(fn, flush, rounds: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("instance", type=Path)
+    parser.add_argument("instance", type=Path, nargs="?")
     parser.add_argument("--op", default="row_sum")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--shapes", default="32768x4096,4096x32768")
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
-    instance = aicg.load(args.instance)
+    instance = aicg.load(args.instance or default_instance(this_gpu()))
     kernel, flush = getattr(instance, args.op), l2_flush("read")
 
     def fresh(shape):

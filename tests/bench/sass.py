@@ -3,13 +3,15 @@ row held in registers runs, its instructions per element between the row's reduc
 share of an SM's issue slots they take at the copy's bandwidth. A static look at a kernel change
 before the device times it; it measures nothing.
 
-    python tests/bench/sass.py [--kernels DIR]... [--dump] CANDIDATE_ID...
+    python tests/bench/sass.py [--kernels DIR]... [--dump] [--target ENTRY] CANDIDATE_ID...
 
 A candidate id is the planner's (as tests/bench/check_candidates.py takes it); the kernel is built
 as a build builds it (aicg/occupancy.py: two blocks asked for where that pays). --kernels takes the
 headers from another directory (an earlier commit's kernels/, say); given more than once, each
 candidate is built with each. --dump prints the whole disassembly. nvdisasm comes from
 $AICG_NVDISASM, the PATH, or the nvidia-cuda-nvdisasm wheel (the `test` extra installs it).
+--target names the hwdb entry built for and whose measured copy bandwidth and clock the share is
+taken at (default: this machine's GPU's entry where it has one, else the default profile's target).
 
 The held path is found by its shape: the slots' loads, one a slot (predicated where slots are
 tested), then no branch back before the path's unconditional EXIT. Its instructions are split at
@@ -27,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +38,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from aicg import hw  # noqa: E402
+from aicg import hw  # noqa: E402, F401 (tests load entries through this module)
+from aicg import target as targets  # noqa: E402
 from aicg.dtypes import DTYPES  # noqa: E402
 from aicg.ops import OPERATORS  # noqa: E402
 from aicg.semantics import ruleset  # noqa: E402
 from aicg.validate.check import moved_bytes  # noqa: E402
-from check_candidates import build, params_of  # noqa: E402
+from check_candidates import build, hardware_for, params_of  # noqa: E402
 
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:(@!?U?P[T0-9]+)\s+)?([A-Z0-9_.]+)\s*(.*?)\s*;")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
@@ -220,15 +224,32 @@ def report(candidate: str, kernels: Path, rules, hardware, dump: bool) -> str:
     return "\n".join(lines)
 
 
+# the measured facts issue_share reads (a datasheet gives neither)
+SHARE_FACTS = ("driver_copy_bandwidth", "sm_clock_under_load")
+
+
+def default_target() -> str:
+    """This machine's GPU's entry where it has one (no GPU is needed), else the default profile's target."""
+    device = targets.present_device()
+    entry = targets.entry_of(ROOT / "hwdb", device) if device is not None else None
+    if entry is not None:
+        return entry
+    return tomllib.loads((ROOT / "rulesets/profiles/default.toml").read_text(encoding="utf-8"))["instance"]["target"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("candidates", nargs="+")
-    parser.add_argument("--target", default="nvidia-h200")
+    parser.add_argument("--target")
     parser.add_argument("--kernels", type=Path, action="append")
     parser.add_argument("--dump", action="store_true")
     args = parser.parse_args()
     rules = ruleset.load(ROOT / "rulesets")
-    hardware = hw.load(ROOT / "hwdb" / f"{args.target}.toml")
+    hardware = hardware_for(args.target or default_target())
+    unmeasured = [f for f in SHARE_FACTS if f not in hardware.facts]
+    if unmeasured:
+        raise SystemExit(f"{hardware.target} has no measured {', '.join(unmeasured)} to take the issue share at: "
+                         f"`doit probe` on the GPU ({hardware.name}) measures them")
     for candidate in args.candidates:
         for kernels in args.kernels or [ROOT / "kernels"]:
             print(report(candidate, kernels, rules, hardware, args.dump), flush=True)

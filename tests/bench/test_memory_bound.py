@@ -1,10 +1,13 @@
 """aicg's memory-bound kernels against their peers, on the GPU.
 
-    AICG_INSTANCE=build/h200-tolerance,build/h200-fused AICG_BENCH_JSON=bench.json \\
+    AICG_INSTANCE=build/<instance>,build/<instance> AICG_BENCH_JSON=bench.json \\
         python -m pytest -m gpu tests/bench/test_memory_bound.py -k acceptance
 
 AICG_INSTANCE names one instance or several (comma-separated); each operator
-runs in the first that has it.
+runs in the first that has it. Without it, the default profile's instance for
+this machine's GPU (`doit build target=auto`: build/h200-tolerance on an H200,
+build/h100-sxm-default on an H100; aicg/target.py names them). It runs on any
+GPU that hwdb/ has an entry for, and skips on an instance built for another.
 
 pytest-benchmark is the harness; its clock is the device's: every round
 flushes the L2, queues a 0.2 ms GPU sleep (the host's launch work happens
@@ -36,6 +39,7 @@ dynamic-shape torch.compile per operator and dtype).
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -43,24 +47,20 @@ from pathlib import Path
 
 import pytest
 
+from aicg import target as targets
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import aicg  # noqa: E402
-from aicg.runtime import driver  # noqa: E402
 
 import bench_table  # noqa: E402
 import interleave  # noqa: E402
 import peers  # noqa: E402
 
-DEVICE = driver.probe_device()
-INSTANCES = [Path(p) for p in os.environ.get("AICG_INSTANCE", "build/h200-tolerance").split(",")]
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE is None or DEVICE.name != "NVIDIA H200", reason="needs an NVIDIA H200"),
-    pytest.mark.skipif(not all((p / "manifest.json").is_file() for p in INSTANCES),
-                       reason=f"no instance at one of {', '.join(map(str, INSTANCES))}"),
-]
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PROFILE = REPO / "rulesets/profiles/default.toml"
+pytestmark = pytest.mark.gpu
 
 OPS = ("softmax", "log_softmax", "row_sum", "row_max", "rmsnorm", "layernorm", "bias_gelu_residual",
        "residual_rmsnorm")
@@ -93,9 +93,47 @@ class DeviceClock:
 CLOCK = DeviceClock()
 
 
+def default_instance(hardware) -> Path:
+    """Where `doit build target=auto` puts the default profile's instance for `hardware`'s GPU."""
+    return Path("build") / targets.instance_of(DEFAULT_PROFILE, hardware.target)
+
+
+def this_gpu():
+    """The hardware record of this machine's GPU, for the scripts beside this file (the tests use the
+    device_target fixture); exits saying why where there is none."""
+    hardware, reason = targets.gpu_target(REPO / "hwdb", targets.present_device())
+    if hardware is None:
+        raise SystemExit(reason)
+    return hardware
+
+
+def instance_paths(device_target) -> list[Path]:
+    """AICG_INSTANCE's instances, or the default profile's for this GPU."""
+    named = os.environ.get("AICG_INSTANCE")
+    return [Path(p) for p in named.split(",")] if named else [default_instance(device_target)]
+
+
+def built_for_another_gpu(manifest: dict, device_target) -> str | None:
+    """What the instance was built for, where that is not this machine's GPU; None where it is."""
+    built_for = manifest["target"]
+    if (built_for["name"], tuple(built_for["compute_capability"])) == (device_target.name,
+                                                                       device_target.compute_capability):
+        return None
+    return built_for["name"]
+
+
 @pytest.fixture(scope="module")
-def instances():
-    return [aicg.load(p, tune="first call") for p in INSTANCES]   # a grid shape is timed as a tuned one
+def instances(device_target):
+    paths = instance_paths(device_target)
+    missing = [str(p) for p in paths if not (p / "manifest.json").is_file()]
+    if missing:
+        pytest.skip(f"no instance at {', '.join(missing)} (`doit build target=auto` builds the default one)")
+    for p in paths:
+        other = built_for_another_gpu(json.loads((p / "manifest.json").read_text()), device_target)
+        if other:
+            pytest.skip(f"{p} was built for {other}, not this machine's {device_target.name}: "
+                        f"build it with `doit build target=auto`")
+    return [aicg.load(p, tune="first call") for p in paths]   # a grid shape is timed as a tuned one
 
 
 FLUSH = os.environ.get("AICG_BENCH_FLUSH", "read")
@@ -139,7 +177,7 @@ def draw_inputs(op: str, dtype: str, shape) -> tuple:
                else torch.rand(shape[-1], device="cuda").add(0.5).to(t) for kind in peers.INPUTS[op]]
 
 
-SLEEP_CYCLES = 400_000   # about 0.2 ms at the H200's 1.98 GHz
+SLEEP_CYCLES = 400_000   # about 0.2 ms at 2 GHz (longer at a slower clock: it only hides more host work)
 
 
 def device_seconds(fn, flush) -> float:
