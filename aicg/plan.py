@@ -65,9 +65,10 @@ class Candidate:
 
     @property
     def modelled(self) -> bool:
-        """Predicted by the model alone: the lab has not measured it (or the profile asked for the
-        datasheet prior), so its prediction is not comparable with the lab's calibrated ones."""
-        return self.prior == DATASHEET
+        """Predicted by the model (alone, or calibrated by measured kin): the lab has not measured it
+        (or the profile asked for the datasheet prior), so its prediction is not comparable with
+        the lab's calibrated ones."""
+        return self.prior.startswith(DATASHEET)
 
     @property
     def score(self) -> float:
@@ -333,7 +334,7 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
                 # has not measured yet compete among themselves, and their best few are built
                 # besides the measured ones, for the device to compare.
                 chosen.extend(_best_spread(calibrated, per_family, structure_of))
-                chosen.extend(_best_spread([c for c in pool if c.modelled],
+                chosen.extend(_best_spread(_could_lead([c for c in pool if c.modelled], calibrated),
                                            min(per_family, UNMEASURED_PER_FAMILY), structure_of))
             else:
                 chosen.extend(_best_spread(pool, per_family, structure_of))
@@ -341,6 +342,14 @@ def plan_op(op: str, legalities: dict[str, Legality], families: list[Family], dt
         if rejected is not None and rule not in kept.get(dtype_name, set()):
             rejected.append({"rule": rule, **min(whys, key=_closest)})
     return chosen
+
+
+def _could_lead(unmeasured: list[Candidate], measured: list[Candidate]) -> list[Candidate]:
+    """The unmeasured candidates predicted faster than every measured one at some workload shape:
+    one predicted slower everywhere would not be chosen if its prediction held, and a profile
+    the lab measured in part (a budget) leaves many such (they were measured last for that)."""
+    best = [min(c.predicted_seconds[i] for c in measured) for i in range(len(measured[0].predicted_seconds))]
+    return [c for c in unmeasured if any(t < b for t, b in zip(c.predicted_seconds, best))]
 
 
 def _drifted(drift: tuple, family: str, dtype: str, bound: float, measured) -> dict:
@@ -367,6 +376,9 @@ def _predict(family: Family, dtype_name: str, p: dict, shapes, hw: dict, measure
                     else f" ({dtype_name} timed as {timed_as}: the same element size)" if name == family.name
                     else f" (timed as {candidate_id(name, timed_as, p)}: {family.name} is declared timed like it)")
             return tuple(times), measured.profile.source() + note
+        borrowed = [measured.borrowed(family, dtype_name, p, s) for s in shapes]
+        if None not in borrowed:   # not measured itself: the model, calibrated by its measured kin
+            return tuple(borrowed), f"{DATASHEET} calibrated by {measured.borrowed_source(family, dtype_name, p)}"
     return tuple(predict_seconds(family, dtype_name, p, s, hw) for s in shapes), DATASHEET
 
 

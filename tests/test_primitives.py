@@ -71,13 +71,58 @@ def test_between_measured_row_lengths_the_prediction_lies_between_the_calibratio
     assert min(ratios) <= prior(family, "float32", p, shape) / model <= max(ratios)
 
 
-def test_a_realisation_never_measured_falls_back_to_the_datasheet_model(h200, shipped_ruleset):
-    _, inputs, _, prior = h200
+def test_a_realisation_never_measured_is_ranked_by_the_model_calibrated_by_its_measured_kin(h200, shipped_ruleset):
+    """Its own model, times the mean measured/modelled ratio of the measured realisations of its
+    family, dtype size and topology nearest to it (realisation.KIN) at each launch they ran."""
+    _, inputs, recorded, prior = h200
     family = shipped_ruleset.families["softmax_online"]
     p = {"threads": 64, "vec_bytes": 16, "topology": "warp", "fast_exp": False, "cache_packs": 0}  # not in the lab
     assert prior(family, "float32", p, (100, 100)) is None
     times, source = plan._predict(family, "float32", p, [(100, 100)], inputs, prior)
+    assert source.startswith("datasheet model calibrated by its measured kin (the same topology, held or not, "
+                             "access width and exp) in realisation profile nvidia-h200.realisation.json")
+    assert times == (prior.borrowed(family, "float32", p, (100, 100)),)
+    # at a launch the kin ran, exactly that: the kin here are every other thread count of the same kind
+    launch = (lab.ROW_ELEMENTS // 4096, 4096)
+    kin = [r for r in recorded.records if r["family"] == "softmax_online" and r["dtype"] == "float32"
+           and (r["rows"], r["cols"]) == launch and {k: v for k, v in r["params"].items() if k != "threads"}
+           == {k: v for k, v in p.items() if k != "threads"}]
+    assert len(kin) == 4
+    ratios = [math.log(r["seconds"] / plan.model_terms(family, "float32", r["params"], launch, inputs)[0]) for r in kin]
+    expected = plan.model_terms(family, "float32", p, launch, inputs)[0] * math.exp(sum(ratios) / len(ratios))
+    assert prior.borrowed(family, "float32", p, launch) == pytest.approx(expected, rel=1e-9)
+    # with no measured kin of its topology, the model alone (another topology's calibration is not borrowed)
+    alone = _prior_without(recorded, inputs, lambda r: r["family"] == "softmax_online" and r["params"]["topology"] == "warp")
+    times, source = plan._predict(family, "float32", p, [(100, 100)], inputs, alone)
     assert source == "datasheet model" and times == (plan.predict_seconds(family, "float32", p, (100, 100), inputs),)
+
+
+def test_a_realisation_measured_at_some_row_lengths_carries_them_over_as_its_kin_change(h200, shipped_ruleset):
+    """A budget that ran out left a realisation measured at 512 and 4096 columns: at 32768 it is
+    predicted by its own ratio at 4096 plus its kin's change in ratio from 4096 to 32768."""
+    _, inputs, recorded, full = h200
+    r = next(r for r in recorded.records if r["id"] == "softmax_twopass.bfloat16.t512.v16.block.c8")
+    family, p = shipped_ruleset.families["softmax_twopass"], r["params"]
+    prior = _prior_without(recorded, inputs, lambda q: q["id"] == r["id"] and q["cols"] in (64, 32768))
+    assert prior.measured_as(family, "bfloat16", p) == ("softmax_twopass", "bfloat16")
+
+    def ratio(q) -> float:
+        return math.log(q["seconds"] / plan.model_terms(family, "bfloat16", q["params"], (q["rows"], q["cols"]), inputs)[0])
+
+    def kin_mean(rows, cols) -> float:   # its nearest kin: the other thread counts holding c8 with 16-byte packs
+        kin = [q for q in recorded.records if q["family"] == "softmax_twopass" and q["dtype"] == "bfloat16"
+               and q["id"] != r["id"] and (q["rows"], q["cols"]) == (rows, cols) and q["params"]["topology"] == "block"
+               and q["params"]["cache_packs"] > 0 and q["params"]["vec_bytes"] == 16 and not q["params"]["fast_exp"]]
+        return sum(map(ratio, kin)) / len(kin)
+    at_4096 = (lab.ROW_ELEMENTS // 4096, 4096)
+    at_32768 = (lab.ROW_ELEMENTS // 32768, 32768)
+    own = ratio(next(q for q in recorded.records if q["id"] == r["id"] and (q["rows"], q["cols"]) == at_4096))
+    expected = (plan.model_terms(family, "bfloat16", p, at_32768, inputs)[0]
+                * math.exp(own + kin_mean(*at_32768) - kin_mean(*at_4096)))
+    assert prior(family, "bfloat16", p, at_32768) == pytest.approx(expected, rel=1e-9)
+    # where it was measured, as measured; what it measured everywhere is unchanged by its kin
+    assert prior(family, "bfloat16", p, at_4096) == pytest.approx(full(family, "bfloat16", p, at_4096), rel=1e-9)
+    assert prior.drift(r["id"], 32768) == prior.drift(r["id"], 4096)   # drift is never carried over
 
 
 def test_float16_is_timed_as_bfloat16_but_never_borrows_its_drift(h200, shipped_ruleset):
@@ -373,8 +418,9 @@ def test_an_element_equal_to_its_reference_has_no_drift_even_at_zero_scale():
 
 def test_realisations_the_lab_has_not_measured_are_built_besides_the_measured_ones(shipped_ruleset, h200, repo):
     """Realisations added since the lab last ran (here: staged rows) are predicted by the model
-    alone, which is not comparable with the lab's calibrated predictions: they must not push a
-    measured candidate out."""
+    (here alone: no kin of their topology is measured), which is not comparable with the lab's
+    calibrated predictions: they must not push a measured candidate out, and are built besides
+    them only where they are predicted to lead some workload shape of their family and dtype."""
     _, inputs, recorded, _ = h200
     prior = _prior_without(recorded, inputs, lambda r: r["params"]["topology"] in codegen.STAGED)
     prof = profile.load(repo / "rulesets/profiles/default.toml", shipped_ruleset, repo / "hwdb")
@@ -384,9 +430,16 @@ def test_realisations_the_lab_has_not_measured_are_built_besides_the_measured_on
         for name, f in shipped_ruleset.families.items()})
     with_staged = plan.plan_workload(shipped_ruleset, prof, inputs, measured=prior)
     without = plan.plan_workload(unstaged, prof, inputs, measured=prior)
+    every = plan.plan_workload(shipped_ruleset, prof, inputs, per_family=10**6, measured=prior)
     for op in prof.workload:
-        assert ([c.id for c in with_staged[op][1] if c.prior != plan.DATASHEET]
-                == [c.id for c in without[op][1] if c.prior != plan.DATASHEET])
+        assert ([c.id for c in with_staged[op][1] if not c.modelled]
+                == [c.id for c in without[op][1] if not c.modelled])
+        for family, dtype in {(c.family, c.dtype) for c in every[op][1]}:
+            group = [c for c in every[op][1] if (c.family, c.dtype) == (family, dtype)]
+            best = [min(c.predicted_seconds[i] for c in group if not c.modelled) for i in range(len(prof.workload[op].shapes))]
+            leading = {c.id for c in group if c.modelled and any(t < b for t, b in zip(c.predicted_seconds, best))}
+            built = {c.id for c in with_staged[op][1] if c.modelled and (c.family, c.dtype) == (family, dtype)}
+            assert built <= leading and len(built) == min(len(leading), plan.UNMEASURED_PER_FAMILY)
     staged = [c for op in prof.workload for c in with_staged[op][1] if c.params["topology"] in codegen.STAGED]
-    assert {c.op for c in staged} == {"softmax", "log_softmax", "rmsnorm", "layernorm"}
+    assert {c.op for c in staged} == {"softmax", "log_softmax", "layernorm"}   # rmsnorm's are predicted slower everywhere
     assert all(c.prior == plan.DATASHEET for c in staged)

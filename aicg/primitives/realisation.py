@@ -14,6 +14,15 @@ wave) is predicted by the model calibrated by those launches instead (the
 ratio interpolated over log row length and log row count): what a launch of
 few rows costs (latency, scheduling) is not what the full launches calibrate.
 
+A realisation the profile has not measured (a partial profile, from a lab
+run with a budget, or one added since the lab ran) borrows the calibration
+of its measured kin: at each of the lab's launches, the mean log ratio of
+measured to modelled time of the measured realisations of its family (or of
+the family it is declared timed like) and element size that share the most
+of its structure (KIN), applied to its own model. What the kin measured
+about this GPU carries over; what the model says about the realisation's
+own residency and sweeps stays.
+
 Drift (the largest error against float64, relative to the operator's
 scale) and bit stability come with every record; legality reads them.
 """
@@ -120,15 +129,56 @@ def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
     return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
-class MeasuredPrior:
-    """Predicted seconds of a candidate on a shape, from the profile where it measured that realisation."""
+# What a realisation the lab has not measured shares with the measured kin whose calibration it
+# borrows, nearest first (besides the family or its declared twin, the element size, and whether a
+# row has one thread, which decides the row lengths the lab runs it at). Never another topology: on
+# the H200 profile with 97% of the realisations left out, those near the top of their family were
+# predicted within 0.39 (standard deviation of log time) by kin of their own topology and the model
+# alone, 0.58 by their family's other topologies (docs/lab.md).
+KIN = (
+    ("topology, held or not, access width and exp",
+     lambda p: (p["topology"], p["cache_packs"] > 0, p["vec_bytes"], p["fast_exp"])),
+    ("topology and held or not", lambda p: (p["topology"], p["cache_packs"] > 0)),
+    ("topology", lambda p: (p["topology"],)),
+)
 
-    def __init__(self, profile: Profile, hw: dict):
+
+def _one_thread(p: dict) -> bool:
+    return codegen.lanes_per_row(p["topology"], p["threads"]) == 1
+
+
+class MeasuredPrior:
+    """Predicted seconds of a candidate on a shape, from the profile where it measured that realisation
+    (and, by borrowed(), from its measured kin where it did not)."""
+
+    def __init__(self, profile: Profile, hw: dict, model: dict | None = None):
+        """`model`: a cache of plan.model_terms by (family, dtype, config id, shape), which no
+        measurement changes: priors of one GPU's profiles as they grow may share one."""
         self.profile, self.hw = profile, hw
+        self._model = {} if model is None else model
         self._records = profile.by_config()
         self._ratios: dict[tuple[str, bool], tuple | None] = {}
         self._few: dict[tuple[str, bool], list] = {}
         self._by_elements: dict[str, tuple[list[float], list[float]]] = {}
+        self._synthetic: dict[str, list[dict]] = {}     # unmeasured config id -> records borrowed from its kin
+        self._kin_ratios: dict[tuple[str, str], dict] = {}
+        self._kin_by: dict[tuple[str, int, bool], list[str]] | None = None
+        self._completed: dict[str, list[dict] | None] = {}   # measured config id -> its records and those carried over
+        self._kin_groups: dict[tuple, dict] = {}
+        self._kin_lengths: dict[tuple, set[int]] = {}
+
+    def _terms(self, family, dtype: str, p: dict, shape, config_id: str) -> tuple[float, float]:
+        """plan.model_terms of `family` in `dtype` with `p` (whose id, in either, is `config_id`)."""
+        key = (family.name, dtype, config_id, shape)
+        if key not in self._model:
+            self._model[key] = plan.model_terms(family, dtype, p, shape, self.hw)
+        return self._model[key]
+
+    def _points(self, config_id: str) -> list[dict]:
+        """The records that predict `config_id`, by row length (as the calibrations interpolate
+        them): measured, with those carried over from its kin, or borrowed from its kin alone."""
+        return (self._completed.get(config_id) or self._records.get(config_id)
+                or self._synthetic.get(config_id, []))
 
     def _flat(self, config_id: str, shape) -> float:
         """A flat walk sees no rows, only elements: the lab's time at the same count, interpolated
@@ -138,7 +188,7 @@ class MeasuredPrior:
         4194304x1 bfloat16 it ranked 4-byte packs (17.6 us) ahead of 16-byte ones (13.4 us)."""
         if config_id not in self._by_elements:
             by_count: dict[int, list[float]] = {}
-            for r in self._records[config_id]:
+            for r in self._points(config_id):
                 by_count.setdefault(r["rows"] * r["cols"], []).append(math.log(r["seconds"]))
             counts = sorted(by_count)
             self._by_elements[config_id] = ([math.log(n) for n in counts],
@@ -159,7 +209,7 @@ class MeasuredPrior:
         """The lab's full launch at each row length (its most rows), and its launches of few rows
         (a single row, one wave) by row count: of the row lengths on the same path as `tiny`
         where the lab measured any, else of all."""
-        points = self._records.get(config_id, [])
+        points = self._points(config_id)
         points = [r for r in points if self._tiny(r["params"], r["cols"]) == tiny] or points
         most = {}
         for r in points:
@@ -180,7 +230,7 @@ class MeasuredPrior:
             _, few = self._full_and_few(config_id, tiny)
             self._few[config_id, tiny] = [
                 (rows, [math.log(r["cols"]) for r in rs],
-                 [math.log(r["seconds"] / plan.predict_seconds(family, dtype, p, (rows, r["cols"]), self.hw))
+                 [math.log(r["seconds"] / max(self._terms(family, dtype, p, (rows, r["cols"]), config_id)))
                   for r in rs])
                 for rows, rs in sorted(few.items())]
         return self._few[config_id, tiny]
@@ -195,7 +245,7 @@ class MeasuredPrior:
                 self._ratios[key] = None
             else:
                 xs = [math.log(r["cols"]) for r in points]
-                ys = [math.log(r["seconds"] / plan.model_terms(family, dtype, p, (r["rows"], r["cols"]), self.hw)[0])
+                ys = [math.log(r["seconds"] / self._terms(family, dtype, p, (r["rows"], r["cols"]), config_id)[0])
                       for r in points]
                 per_element = [math.log(r["seconds"] / (r["rows"] * r["cols"])) for r in points]
                 self._ratios[key] = (xs, ys, per_element, max(r["rows"] * r["cols"] for r in points))
@@ -207,11 +257,19 @@ class MeasuredPrior:
         chain of memory waits (what bounds a launch of few rows, which the lab does not run).
         A shape larger than the lab's launches is never predicted faster per element than the
         lab measured: those launches already saturate the memory system, and the model's
-        credit for rows that a partial wave runs for free does not survive more rows."""
+        credit for rows that a partial wave runs for free does not survive more rows. A
+        realisation measured at some of the lab's row lengths only (a budget ran out) is
+        predicted at the others by its measurements carried over as its kin change (_complete)."""
         timed_as = self.measured_as(family, dtype, p)
         if timed_as is None:
             return None
-        config_id, dtype = plan.candidate_id(*timed_as, p), timed_as[1]
+        config_id = plan.candidate_id(*timed_as, p)
+        if timed_as[0] == family.name:
+            self._complete(family, timed_as[1], p, config_id)
+        return self._predict(config_id, family, timed_as[1], p, shape)
+
+    def _predict(self, config_id: str, family, dtype: str, p: dict, shape) -> float | None:
+        """__call__'s prediction from the points (measured or borrowed) of `config_id`."""
         if p["topology"] == codegen.FLAT:
             return self._flat(config_id, shape)
         tiny = self._tiny(p, shape[1])
@@ -221,7 +279,7 @@ class MeasuredPrior:
         xs, ys, per_element, largest = found
         x = math.log(shape[1])
         few = self._few_rows(config_id, tiny, family, dtype, p)
-        by_bytes, by_waits = plan.model_terms(family, dtype, p, shape, self.hw)
+        by_bytes, by_waits = self._terms(family, dtype, p, shape, config_id)
         if few and shape[0] <= few[-1][0]:
             # Within the few-row launches the lab timed, the model calibrated by them instead,
             # interpolated over log row length and then over log row count: the full launches'
@@ -232,7 +290,7 @@ class MeasuredPrior:
         predicted = max(by_bytes * math.exp(_interpolate(xs, ys, x)), by_waits)
         if few:   # more rows never take less time than the most rows of the few-row launches
             rows = few[-1][0]
-            predicted = max(predicted, plan.predict_seconds(family, dtype, p, (rows, shape[1]), self.hw)
+            predicted = max(predicted, max(self._terms(family, dtype, p, (rows, shape[1]), config_id))
                             * math.exp(_interpolate(few[-1][1], few[-1][2], x)))
         if shape[0] * shape[1] <= largest:
             return predicted
@@ -261,3 +319,145 @@ class MeasuredPrior:
             return None
         worst = max(points, key=lambda r: r["drift"])
         return worst["drift"], worst["cols"]
+
+    def borrowed(self, family, dtype: str, p: dict, shape) -> float | None:
+        """Predicted seconds of a realisation the lab has not measured (measured_as() is None): its
+        model calibrated by the measured kin of borrowed_levels(); None where no kin was measured."""
+        config_id = plan.candidate_id(family.name, dtype, p)
+        if not self._borrow(family, dtype, p):
+            return None
+        return self._predict(config_id, family, dtype, p, shape)
+
+    def borrowed_levels(self, family, dtype: str, p: dict) -> dict[int, int]:
+        """For each row length at which measured kin calibrate an unmeasured realisation's full launch,
+        the KIN level of that kin (0 the nearest)."""
+        return {r["cols"]: r["kin"] for r in self._borrow(family, dtype, p) if r["full"]}
+
+    def borrowed_source(self, family, dtype: str, p: dict) -> str:
+        coarsest = max(self.borrowed_levels(family, dtype, p).values())
+        return f"its measured kin (the same {KIN[coarsest][0]}) in {self.profile.source()}"
+
+    def _borrow(self, family, dtype: str, p: dict) -> list[dict]:
+        """The records an unmeasured realisation borrows: at each launch (rows, row length) that its
+        nearest measured kin ran, its own model times the kin's mean measured/modelled ratio there."""
+        config_id = plan.candidate_id(family.name, dtype, p)
+        if config_id not in self._synthetic:
+            self._synthetic[config_id] = [
+                self._record(family, dtype, p, config_id, (rows, cols), full, ratio, level)
+                for (rows, cols), (level, full, ratio) in sorted(self._kin_means(family, dtype, p, config_id).items(),
+                                                                 key=lambda kv: (kv[0][1], kv[0][0]))]
+        return self._synthetic[config_id]
+
+    def _complete(self, family, dtype: str, p: dict, config_id: str) -> None:
+        """A realisation the lab measured at some of its row lengths (a budget ran out) is predicted
+        at the others by its measurements at the nearest one, carried over as its kin's change
+        between the two: at each launch its kin ran at a row length it lacks, the ratio it measured
+        at the same launch of its nearest measured row length (on the same path), plus the kin's
+        ratio there less theirs at that length."""
+        if config_id in self._completed:
+            return
+        have = sorted({r["cols"] for r in self._records[config_id]})
+        size, one = DTYPES[dtype].size, _one_thread(p)
+        if self._lengths_of(size, one, (family.name, family.timed_like)) <= set(have):
+            self._completed[config_id] = None   # every row length its kin ran: nothing to carry over
+            return
+        own = self._kin_ratio(family, config_id)
+        kin = self._kin_means(family, dtype, p, config_id)
+        added = []
+        for (rows, cols), (level, full, ratio) in sorted(kin.items()):
+            if cols in have:
+                continue
+            same_path = [n for n in have if self._tiny(p, n) == self._tiny(p, cols)] or have
+            anchor = min(same_path, key=lambda n: (abs(math.log(n / cols)), n))
+            rows_there = max(r for r, n in own if n == anchor) if full else rows
+            if (rows_there, anchor) not in own or (rows_there, anchor) not in kin:
+                continue
+            carried = own[rows_there, anchor][1] + ratio - kin[rows_there, anchor][2]
+            added.append(self._record(family, dtype, p, config_id, (rows, cols), full, carried, level))
+        self._completed[config_id] = (sorted(self._records[config_id] + added, key=lambda r: r["cols"]) if added
+                                      else None)
+
+    def _record(self, family, dtype: str, p: dict, config_id: str, point, full: bool, ratio: float,
+                level: int) -> dict:
+        terms = self._terms(family, dtype, p, point, config_id)
+        return {"id": config_id, "family": family.name, "dtype": dtype, "params": p, "rows": point[0],
+                "cols": point[1], "seconds": (terms[0] if full else max(terms)) * math.exp(ratio),
+                "kin": level, "full": full}
+
+    def _kin_means(self, family, dtype: str, p: dict, config_id: str) -> dict[tuple[int, int], tuple]:
+        """(rows, row length) -> (KIN level, whether it is the full launch, mean log ratio) of the
+        nearest measured kin of a realisation (itself apart) that ran that launch."""
+        size, one = DTYPES[dtype].size, _one_thread(p)
+        found: dict[tuple[int, int], tuple[int, bool, float]] = {}
+        for level, (_, key) in enumerate(KIN):
+            same = key(p)
+            for name in dict.fromkeys((family.name, family.timed_like)):
+                if not name:
+                    continue
+                sums = self._kin_sums(family, name, size, one, level).get(same, {})
+                mine = self._kin_ratio(family, config_id) if config_id in sums.get("ids", ()) else {}
+                for point, (full, total, count) in sums.get("points", {}).items():
+                    if point in mine:   # itself apart
+                        total, count = total - mine[point][1], count - 1
+                    if count and (point not in found or found[point][0] == level):
+                        earlier = found.get(point)
+                        if earlier is None:
+                            found[point] = (level, full, total, count)
+                        else:
+                            found[point] = (level, full, earlier[2] + total, earlier[3] + count)
+        return {point: (level, full, total / count) for point, (level, full, total, count) in found.items()}
+
+    def _kin_sums(self, family, name: str, size: int, one: bool, level: int) -> dict:
+        """The measured realisations of family `name` (modelled as `family`), element size and one
+        thread or not, grouped by their KIN[level] key: their ids and, per launch (rows, row length),
+        (whether it is the full launch, the sum of their log ratios, how many)."""
+        cache_key = (family.name, name, size, one, level)
+        if cache_key not in self._kin_groups:
+            groups: dict = {}
+            key = KIN[level][1]
+            for cid in self._kin_index().get((name, size, one), ()):
+                group = groups.setdefault(key(self._records[cid][0]["params"]), {"ids": set(), "points": {}})
+                group["ids"].add(cid)
+                for point, (full, ratio) in self._kin_ratio(family, cid).items():
+                    _, total, count = group["points"].get(point, (full, 0.0, 0))
+                    group["points"][point] = (full, total + ratio, count + 1)
+            self._kin_groups[cache_key] = groups
+        return self._kin_groups[cache_key]
+
+    def _lengths_of(self, size: int, one: bool, names) -> set[int]:
+        """The row lengths measured realisations of the families `names` ran at (element size,
+        one thread per row or not)."""
+        key = (size, one, tuple(names))
+        if key not in self._kin_lengths:
+            self._kin_lengths[key] = {r["cols"] for name in names if name
+                                      for cid in self._kin_index().get((name, size, one), ())
+                                      for r in self._records[cid]}
+        return self._kin_lengths[key]
+
+    def _kin_index(self) -> dict[tuple[str, int, bool], list[str]]:
+        """Measured config ids by (family, element size, one thread per row)."""
+        if self._kin_by is None:
+            self._kin_by = {}
+            for cid, rs in self._records.items():
+                key = (rs[0]["family"], DTYPES[rs[0]["dtype"]].size, _one_thread(rs[0]["params"]))
+                self._kin_by.setdefault(key, []).append(cid)
+        return self._kin_by
+
+    def _kin_ratio(self, family, config_id: str) -> dict[tuple[int, int], tuple[bool, float]]:
+        """(rows, row length) -> (whether it is the full launch, log measured/modelled time) of a
+        measured realisation, modelled as `family` (its own, or a family timed like it): the full
+        launches against the time to move the bytes, the few-row ones against the whole model, as
+        the calibration of __call__ takes them."""
+        if (family.name, config_id) not in self._kin_ratios:
+            points = self._records[config_id]
+            most: dict[int, int] = {}
+            for r in points:
+                most[r["cols"]] = max(most.get(r["cols"], 0), r["rows"])
+            ratios = {}
+            for r in points:
+                shape, full = (r["rows"], r["cols"]), r["rows"] == most[r["cols"]]
+                model = (plan.model_terms(family, r["dtype"], r["params"], shape, self.hw)[0] if full
+                         else plan.predict_seconds(family, r["dtype"], r["params"], shape, self.hw))
+                ratios[shape] = (full, math.log(r["seconds"] / model))
+            self._kin_ratios[family.name, config_id] = ratios
+        return self._kin_ratios[family.name, config_id]
