@@ -28,6 +28,7 @@ outside its output, or a draw the drift once mis-measured (see largest_error).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import multiprocessing
@@ -64,7 +65,7 @@ class Config:
     dtype: str
     params: dict
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
         return plan.candidate_id(self.family, self.dtype, self.params)
 
@@ -78,6 +79,13 @@ def row_lengths(config: Config) -> tuple[int, ...]:
     """The row lengths the lab measures a realisation at."""
     one_thread = codegen.lanes_per_row(config.params["topology"], config.params["threads"]) == 1
     return (TINY_COLS if one_thread else ()) + COLS
+
+
+def launches(cols: int) -> tuple[int, ...]:
+    """The row counts the lab times rows of `cols` at: FEW_ROWS, and the full launch of
+    ROW_ELEMENTS elements (its most rows)."""
+    full = max(1, ROW_ELEMENTS // cols)
+    return tuple(sorted({*(n for n in FEW_ROWS if n < full), full}))
 
 
 def kernel_digests(ruleset, kernels_dir) -> dict[str, str]:
@@ -226,10 +234,12 @@ def reusable(cubins: dict[str, str], sources: list[Measured]) -> Measured:
 
 
 def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, progress=print,
-            keep=None, lengths: dict[str, tuple[int, ...]] | None = None) -> list[dict]:
+            keep=None, lengths: dict[str, tuple[int, ...]] | None = None, stop=None) -> list[dict]:
     """One record per (config, row length, row count: FEW_ROWS and the full launch): seconds, bytes
     moved, drift, bit stability; at each config's `lengths` (by id; row_lengths() by default).
-    `keep(records so far)` runs after each operator and dtype."""
+    Operators and dtypes are measured in the order of their first config in `configs`, and their
+    configs in the order given. `keep(records so far)` runs after each operator and dtype; where
+    `stop()` is true before a config, the configs left are not measured (a budget spent)."""
     rng = np.random.default_rng()
     records = []
     lengths = {c.id: (lengths or {}).get(c.id, row_lengths(c)) for c in configs}
@@ -237,7 +247,9 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
     for c in configs:
         by_case.setdefault((c.op, c.dtype), []).append(c)
     with driver.Buffer(2 * l2_bytes) as flush:
-        for (op_name, dtype_name), group in sorted(by_case.items()):
+        for (op_name, dtype_name), group in by_case.items():   # in the order given: the most urgent first
+            if stop is not None and stop():
+                break
             op, dtype = OPERATORS[op_name], DTYPES[dtype_name]
             drift_cases = {}
             for cols in sorted({n for c in group for n in lengths[c.id]}):
@@ -247,6 +259,8 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
                 wide = {n: dtype.decode(a).astype(np.float64).reshape(a.shape) for n, a in inputs.items()}
                 drift_cases[cols] = (small, inputs, *op.reference(**wide, **dict(op.scalars)))
             for c in group:
+                if stop is not None and stop():
+                    break
                 kernel = driver.Kernel(cubins[c.id], codegen.ENTRY)
                 try:
                     for cols in lengths[c.id]:
@@ -256,8 +270,7 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
                         # must not pass to the next
                         small.upload(inputs)
                         drift, stable = _drift(kernel, small, c.params, inputs, ref, scale, dtype)
-                        full = max(1, ROW_ELEMENTS // cols)
-                        for rows in sorted({*(n for n in FEW_ROWS if n < full), full}):
+                        for rows in launches(cols):
                             timing = check.time_shape(kernel, op, dtype, c.params, (rows, cols), REPETITIONS,
                                                       flush, rng)
                             records.append({"id": c.id, "family": c.family, "dtype": c.dtype, "params": c.params,
@@ -270,7 +283,7 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
             check.release_timing_buffers()
             ids = {c.id for c in group}
             mine = [r for r in records if r["id"] in ids]
-            for cols in sorted(drift_cases):
+            for cols in sorted({r["cols"] for r in mine}):
                 full = max(r["rows"] for r in mine if r["cols"] == cols)
                 launches = [r for r in mine if r["cols"] == cols and r["rows"] == full]
                 best = min(launches, key=lambda r: r["seconds"])

@@ -11,9 +11,12 @@ from an unchanged GPU. One ProbeGPU serves every probe of a run.
 from __future__ import annotations
 
 import datetime
+import math
 import sys
+import time
 from pathlib import Path
 
+from doit import get_var
 from doit.exceptions import TaskFailed
 
 from ..errors import CompileError, DeviceError, InputError
@@ -73,11 +76,30 @@ def task_probe():
                "uptodate": [False], "verbosity": 2}
 
 
-def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def parse_budget(text: str | None) -> float | None:
+    """`budget=` of `doit primitives`: seconds of wall clock (None: no budget, measure everything)."""
+    if text is None or text == "":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InputError("doit primitives", "budget", "a number of seconds > 0 (budget=300)", text)
+    return seconds
+
+
+def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path, budget_text: str | None = None) -> dict:
     from .. import cas, config, hw, plan_inputs
     from ..primitives import lab, realisation
     from ..semantics import ruleset as ruleset_loader
+    started = time.monotonic()   # a budget counts from here: the GPU's start and every compile are inside it
     try:
+        seconds = parse_budget(budget_text)
         gpu = _gpu()
         entry = record.entry_for(hwdb_dir, gpu.name, gpu.compute_capability)
         limits = plan_inputs.values(plan_inputs.resolve(hw.load(entry)))
@@ -87,51 +109,119 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path) -> dict:
         partial = hwdb_dir / f"{entry.stem}.realisation.partial.json"
         run_method = lab.method(gpu.name, gpu.driver_version)
         headers = lab.kernel_digests(rules, kernels_dir)   # what is compiled now, not after minutes of measuring
-        print(f"  compiling {len(configs)} realisations for {gpu.arch} (those compiled before come from the store)",
-              file=sys.stderr, flush=True)
-        cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch, limits["registers_per_sm"],
-                                  store=cas.Store(config.load(hwdb_dir.parent).local))
-        digests = lab.cubin_digests(cubins)
+        store = cas.Store(config.load(hwdb_dir.parent).local)
         # What an interrupted run (a time limit, a lost node) or the profile measured on these
         # very cubins, with this method, GPU and driver, is kept rather than measured again.
-        kept = lab.reusable(digests, [lab.resume(partial, run_method), _profile_source(path, run_method)])
-        done = {(r["id"], r["cols"]) for r in kept.records}
-        lengths = {c.id: tuple(n for n in lab.row_lengths(c) if (c.id, n) not in done) for c in configs}
-        todo = [c for c in configs if lengths[c.id]]
-        at_new_lengths = sum(c.id in kept.cubins for c in todo)
-        print(f"  {len(kept.cubins)} realisations measured before on the same cubins, {len(todo)} to measure"
-              + (f" ({at_new_lengths} of them only at row lengths not measured before)" if at_new_lengths else ""),
-              file=sys.stderr, flush=True)
+        sources = [lab.resume(partial, run_method), _profile_source(path, run_method)]
         today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-
-        def so_far(new: list[dict]) -> lab.Measured:
-            ids = {r["id"] for r in new}
-            return lab.Measured({**kept.cubins, **{i: digests[i] for i in ids}}, kept.records + new,
-                                {**kept.measured_on, **{i: today for i in ids}})
         before = gpu.clocks()
-        new = lab.measure(todo, cubins, gpu.attributes["L2_CACHE_SIZE"],
-                          progress=lambda line: print(line, file=sys.stderr, flush=True),
-                          keep=lambda new: lab.checkpoint(partial, run_method, so_far(new)), lengths=lengths)
+        if seconds is None:
+            kept, measured = _measure_all(gpu, configs, rules, kernels_dir, limits, store, sources, partial,
+                                          run_method, today)
+            coverage = None
+        else:
+            kept, measured, coverage = _measure_within(started, seconds, gpu, configs, rules, rules_dir, hwdb_dir,
+                                                       kernels_dir, limits, store, sources, partial, run_method,
+                                                       today)
         after = gpu.clocks()
-        measured = so_far(new)
     except (DeviceError, CompileError, InputError) as err:
         return TaskFailed(f"primitives: {err}")
+    method = (f"every runnable realisation over row lengths {list(lab.COLS)} (and "
+              f"{list(lab.TINY_COLS)} where a row has one thread) at {lab.ROW_ELEMENTS} "
+              f"elements per launch and at {list(lab.FEW_ROWS)} rows: events around one launch, "
+              f"L2 flushed, median of "
+              f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64")
+    if coverage is not None:
+        method = (f"partial: {coverage['items_measured']} of {coverage['items']} (realisation, row length) "
+                  f"items, within a budget of {coverage['budget_seconds']:g} s, most urgent first (see partial); "
+                  + method.replace("every runnable realisation", "each", 1))
     provenance = {"date": today, "driver": gpu.driver_version, "clocks": f"before: {before}; after: {after}",
-                  "method": f"every runnable realisation over row lengths {list(lab.COLS)} (and "
-                            f"{list(lab.TINY_COLS)} where a row has one thread) at {lab.ROW_ELEMENTS} "
-                            f"elements per launch and at {list(lab.FEW_ROWS)} rows: events around one launch, "
-                            f"L2 flushed, median of "
-                            f"{lab.REPETITIONS}; drift on {lab.DRIFT_ROWS} rows against float64",
+                  "method": method,
                   "repetitions": lab.REPETITIONS, "device": gpu.name, "arch": gpu.arch,
                   "kernels": headers, "lab": run_method,
                   "cubins": measured.cubins, "measured_on": measured.measured_on}
+    if coverage is not None:
+        provenance["partial"] = coverage
     if kept.cubins:
         provenance["method"] += (f"; {len(kept.cubins)} realisations kept from earlier runs of the same method "
                                  f"that measured the same cubins (measured_on gives each one's date)")
     realisation.save(path, provenance, measured.records)
     partial.unlink(missing_ok=True)
-    print(f"  wrote {len(measured.records)} measurements to {path}", file=sys.stderr, flush=True)
+    _say(f"  wrote {len(measured.records)} measurements to {path}"
+         + (f" (partial: {coverage['items_measured']} of {coverage['items']} items; `doit primitives` "
+            f"again measures what is left)" if coverage else ""))
     return {"profile": str(path)}
+
+
+def _measure_all(gpu, configs, rules, kernels_dir, limits, store, sources, partial, run_method, today):
+    """Every realisation: all compiled first, then those no earlier run measured on the same cubin."""
+    from ..primitives import lab
+    _say(f"  compiling {len(configs)} realisations for {gpu.arch} (those compiled before come from the store)")
+    cubins = lab.compile_all(configs, rules, kernels_dir, gpu.arch, limits["registers_per_sm"], store=store)
+    digests = lab.cubin_digests(cubins)
+    kept = lab.reusable(digests, sources)
+    done = {(r["id"], r["cols"]) for r in kept.records}
+    lengths = {c.id: tuple(n for n in lab.row_lengths(c) if (c.id, n) not in done) for c in configs}
+    todo = [c for c in configs if lengths[c.id]]
+    at_new_lengths = sum(c.id in kept.cubins for c in todo)
+    _say(f"  {len(kept.cubins)} realisations measured before on the same cubins, {len(todo)} to measure"
+         + (f" ({at_new_lengths} of them only at row lengths not measured before)" if at_new_lengths else ""))
+
+    def so_far(new: list[dict]) -> lab.Measured:
+        ids = {r["id"] for r in new}
+        return lab.Measured({**kept.cubins, **{i: digests[i] for i in ids}}, kept.records + new,
+                            {**kept.measured_on, **{i: today for i in ids}})
+    new = lab.measure(todo, cubins, gpu.attributes["L2_CACHE_SIZE"], progress=_say,
+                      keep=lambda new: lab.checkpoint(partial, run_method, so_far(new)), lengths=lengths)
+    return kept, so_far(new)
+
+
+def _measure_within(started, seconds, gpu, configs, rules, rules_dir, hwdb_dir, kernels_dir, limits, store,
+                    sources, partial, run_method, today):
+    """Within `seconds` of `started`: the most urgent items first (aicg/primitives/budget.py), each
+    realisation compiled only when a round takes it. The realisations earlier runs measured are
+    compiled (or taken from the store) first, to check their records are of today's cubins."""
+    from .. import profile as profile_loader
+    from ..primitives import budget, lab, priority
+    earlier = {i for source in sources for i in source.cubins}
+    cubins = lab.compile_all([c for c in configs if c.id in earlier], rules, kernels_dir, gpu.arch,
+                             limits["registers_per_sm"], store=store) if earlier else {}
+    kept = lab.reusable(lab.cubin_digests(cubins), sources)
+    profiles = [profile_loader.load(p, rules, hwdb_dir) for p in sorted((rules_dir / "profiles").glob("*.toml"))]
+    decisions = priority.profile_decisions(rules, profiles, configs, limits) + priority.grid_decisions(configs)
+    items = sum(len(lab.row_lengths(c)) for c in configs)
+    _say(f"  {len(kept.records)} measurements kept from earlier runs on the same cubins; {items} items "
+         f"(a realisation at a row length) in all; {len(decisions)} decisions order them; "
+         f"{seconds - (time.monotonic() - started):.0f} s of the budget of {seconds:g} s left")
+    new: list[dict] = []
+
+    def so_far(more: list[dict]) -> lab.Measured:
+        ids = {r["id"] for r in new + more}
+        digests = lab.cubin_digests({i: cubins[i] for i in ids})
+        return lab.Measured({**kept.cubins, **digests}, kept.records + new + more,
+                            {**kept.measured_on, **{i: today for i in ids}})
+
+    def measure(batch: list, deadline: float) -> list[dict]:
+        taken = list({item.config.id: item.config for item in batch}.values())
+        cubins.update(lab.compile_all([c for c in taken if c.id not in cubins], rules, kernels_dir, gpu.arch,
+                                      limits["registers_per_sm"], store=store))
+        lengths: dict[str, tuple[int, ...]] = {}
+        for item in batch:
+            lengths[item.config.id] = lengths.get(item.config.id, ()) + (item.cols,)
+        more = lab.measure(taken, cubins, gpu.attributes["L2_CACHE_SIZE"], progress=lambda line: None,
+                           keep=lambda more: lab.checkpoint(partial, run_method, so_far(more)), lengths=lengths,
+                           stop=lambda: time.monotonic() > deadline)
+        new.extend(more)
+        return more
+    provenance = {"device": gpu.name, "date": today}
+    spent = time.monotonic() - started
+    run = budget.run(configs, decisions, rules, limits, kept.records, seconds - spent, measure, time.monotonic,
+                     provenance, compiled=set(cubins), progress=_say, spent=spent)
+    measured = so_far([])
+    coverage = budget.partial_provenance(configs, measured.records, seconds, run.seconds)
+    if coverage is not None:
+        coverage["rounds"] = run.rounds
+    return kept, measured, coverage
 
 
 def _profile_source(path: Path, run_method: dict):
@@ -147,7 +237,8 @@ def _profile_source(path: Path, run_method: dict):
 
 
 def task_primitives():
-    """measure every realisation of the row primitives on this node's GPU into hwdb/<gpu>.realisation.json"""
+    """measure the realisations of the row primitives on this node's GPU into hwdb/<gpu>.realisation.json
+    (budget=<seconds>: the most urgent first, within that wall-clock time; again: what is left)"""
     root = Path.cwd()
-    return {"actions": [(run_primitives, [root / "hwdb", root / "rulesets", root / "kernels"])],
+    return {"actions": [(run_primitives, [root / "hwdb", root / "rulesets", root / "kernels", get_var("budget")])],
             "uptodate": [False], "verbosity": 2}
