@@ -285,9 +285,9 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
             mine = [r for r in records if r["id"] in ids]
             for cols in sorted({r["cols"] for r in mine}):
                 full = max(r["rows"] for r in mine if r["cols"] == cols)
-                launches = [r for r in mine if r["cols"] == cols and r["rows"] == full]
-                best = min(launches, key=lambda r: r["seconds"])
-                progress(f"  {op_name:9s} {dtype_name:8s} cols {cols:5d}: {len(launches):3d} realisations, best "
+                at_full = [r for r in mine if r["cols"] == cols and r["rows"] == full]
+                best = min(at_full, key=lambda r: r["seconds"])
+                progress(f"  {op_name:9s} {dtype_name:8s} cols {cols:5d}: {len(at_full):3d} realisations, best "
                          f"{best['bytes'] / best['seconds'] / 1e12:.2f} TB/s ({best['id']})")
             if keep is not None:
                 keep(records)

@@ -24,7 +24,14 @@ from . import summary
 
 
 def _geomean(values) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    return _portable(math.exp(sum(math.log(v) for v in values) / len(values)))
+
+
+def _portable(seconds: float) -> float:
+    """Seconds to 9 significant digits: math.log and math.exp may differ in their last bit between
+    machines (a build on a machine without a GPU, reading the record, and the GPU's own build must
+    write the same manifest), and no decision rests on a difference that small."""
+    return float(f"{seconds:.9g}")
 
 
 def _synthesized_row(op: str, dtype: str, trajectory: list) -> dict | None:
@@ -70,7 +77,7 @@ def select(op: str, dtypes, candidates, results: dict, reports: dict, trajectori
             timings = res.get("timings") or []
             rows.append({"id": c.id, "family": c.family, "params": c.params, "status": status,
                          "reason": reason, "prior": c.prior,
-                         "predicted_seconds": c.score if math.isfinite(c.score) else None,   # None: serves some shapes
+                         "predicted_seconds": _portable(c.score) if math.isfinite(c.score) else None,   # None: serves some shapes
                          "measured_seconds": _geomean([t["median_seconds"] for t in timings]) if timings else None,
                          "timings": [[*t["shape"], t["median_seconds"]] for t in timings],
                          "validated_on": res.get("device") if status == "passed" else None,

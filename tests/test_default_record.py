@@ -1,0 +1,58 @@
+"""The shipped record validates the default instance on a machine without a GPU.
+
+This fails when a kernel, rule or hwdb change lands without `doit record` on the default
+profile's GPU: main's record must not be older than its kernels (a check, not a timing).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from doit_project import REPO, doit
+
+DEVICE_MANIFEST = REPO / "tests/data/h100-tolerance-device-manifest.json"
+
+
+@pytest.fixture(scope="module")
+def default_build(tmp_path_factory):
+    root = tmp_path_factory.mktemp("default")
+    for name in ("rulesets", "hwdb", "kernels"):
+        shutil.copytree(REPO / name, root / name)
+    shutil.copy(REPO / "dodo.py", root / "dodo.py")
+    run = doit(root, "build")
+    assert run.code == 0, run.output
+    name = json.loads((REPO / "tests/data/h100-tolerance-device-manifest.json").read_text())["instance"]
+    return run, json.loads((root / "build" / name / "manifest.json").read_text())
+
+
+def test_every_kernel_of_the_default_instance_is_validated_by_the_record(default_build):
+    run, manifest = default_build
+    assert "UNVALIDATED" not in run.output, ("the record is older than the kernels: run `doit record` on a "
+                                             "GPU of the default profile's target\n" + run.output[-3000:])
+    assert {k["validation"] for k in manifest["kernels"].values()} == {"passed"}
+    assert f"{len(manifest['kernels'])} of {len(manifest['kernels'])} kernels validated on" in run.output
+
+
+def _decisions(manifest: dict) -> dict:
+    """What a build decided, with every time to 9 significant digits (the last bits of math.log and
+    math.exp may differ between machines; the build writes them so rounded)."""
+    def portable(value):
+        if isinstance(value, float):
+            return float(f"{value:.9g}")
+        if isinstance(value, dict):
+            return {k: portable(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [portable(v) for v in value]
+        return value
+    return portable({k: v for k, v in manifest.items() if k != "inputs"})
+
+
+def test_a_build_without_a_gpu_decides_what_the_gpu_build_decided(default_build):
+    """The device's manifest (tests/data, from `doit record` on the GPU) against this machine's:
+    the same picks, cubins, validations and times. (The keys in `inputs` hold the code's digests,
+    so they are compared only where the manifest was made by the same commit's code.)"""
+    _, manifest = default_build
+    device = json.loads(DEVICE_MANIFEST.read_text())
+    assert _decisions(manifest) == _decisions(device)
