@@ -29,7 +29,7 @@ def test_a_fused_operator_reads_every_input_once_in_the_plan_model(shipped_rules
     """The residual is a whole matrix of bytes: the model counts it like x."""
     from aicg import plan
     from aicg import planning as planning_inputs
-    planning = planning_inputs.load(repo / "rulesets", repo / "rulesets/profiles/default.toml", repo / "hwdb")
+    planning = planning_inputs.load(repo / "rulesets", repo / "rulesets/profiles/h200.toml", repo / "hwdb")
     params = {"threads": 256, "vec_bytes": 16, "topology": "block", "fast_exp": False, "cache_packs": 0}
     fused = plan.predict_seconds(shipped_ruleset.families["residual_rmsnorm_tree"], "float32", params,
                                  (32768, 4096), planning.hw_facts)

@@ -20,7 +20,7 @@ SHAPES = "shapes = [[32768, 4096], [4096, 32768], [8192, 1000], [65536, 128]]"
 
 @pytest.fixture
 def default_profile(rules_dir):
-    return rules_dir / "profiles" / "default.toml"
+    return rules_dir / "profiles" / "h200.toml"
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def unreadable(monkeypatch):
 # -- TOML files that are not TOML ------------------------------------------------------------
 
 def test_a_non_utf8_byte(default_profile, load, raises_input_error):
-    default_profile.write_bytes(default_profile.read_bytes().replace(b"# The default", b"# The d\xe9fault"))
+    default_profile.write_bytes(default_profile.read_bytes().replace(b"# The H200", b"# The H\xe9200"))
     with raises_input_error(default_profile, "(encoding)", "UTF-8 text") as info:
         load(default_profile)
     assert "0xe9" in str(info.value)

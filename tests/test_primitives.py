@@ -200,7 +200,7 @@ def test_on_recorded_h200_timings_the_measured_prior_ranks_better_than_the_datas
 def test_the_pruning_setting_bounds_what_is_benchmarked(repo, shipped_ruleset, h200, per_family):
     _, inputs, recorded, prior = h200
     measured = {r["family"] for r in recorded.records}
-    prof = profile.load(repo / "rulesets/profiles/default.toml", shipped_ruleset, repo / "hwdb")
+    prof = profile.load(repo / "rulesets/profiles/h200.toml", shipped_ruleset, repo / "hwdb")
     every = plan.plan_workload(shipped_ruleset, prof, inputs, per_family=10**6, measured=prior)
     some = plan.plan_workload(shipped_ruleset, prof, inputs, per_family=per_family, measured=prior)
     for op in prof.workload:
@@ -256,7 +256,7 @@ def test_a_rule_whose_measured_drift_exceeds_the_bound_is_rejected_with_the_meas
 
 
 def test_the_datasheet_prior_setting_ignores_the_profile(repo, shipped_ruleset, tmp_path):
-    text = (repo / "rulesets/profiles/default.toml").read_text().replace(
+    text = (repo / "rulesets/profiles/h200.toml").read_text().replace(
         "candidates_per_family = 4", 'candidates_per_family = 4\nprior = "datasheet"')
     path = tmp_path / "p.toml"
     path.write_text(text)
@@ -423,7 +423,7 @@ def test_realisations_the_lab_has_not_measured_are_built_besides_the_measured_on
     them only where they are predicted to lead some workload shape of their family and dtype."""
     _, inputs, recorded, _ = h200
     prior = _prior_without(recorded, inputs, lambda r: r["params"]["topology"] in codegen.STAGED)
-    prof = profile.load(repo / "rulesets/profiles/default.toml", shipped_ruleset, repo / "hwdb")
+    prof = profile.load(repo / "rulesets/profiles/h200.toml", shipped_ruleset, repo / "hwdb")
     unstaged = dataclasses.replace(shipped_ruleset, families={
         name: dataclasses.replace(f, params={**f.params, "topology": tuple(t for t in f.params["topology"]
                                                                             if t not in codegen.STAGED)})

@@ -12,8 +12,8 @@ shapes = [[32768, 4096], [4096, 32768], [8192, 1000], [65536, 128]]
 
 @pytest.fixture
 def default_profile(rules_dir):
-    """An editable copy of rulesets/profiles/default.toml."""
-    path = rules_dir / "profiles" / "default.toml"
+    """An editable copy of rulesets/profiles/h200.toml."""
+    path = rules_dir / "profiles" / "h200.toml"
     assert WORKLOAD in path.read_text()
     return path
 
@@ -47,7 +47,7 @@ def test_overrides_and_defaults(default_profile, edit, shipped_ruleset, repo):
          '[rules]\nforbid = ["welford"]\nselect = ["tree_reduction", "welford"]\n\n'
          '[preservation]\norder = "fixed"\ntolerance.float32 = { rtol = 1e-3, atol = 0.0 }\n')
     p = profile.load(default_profile, shipped_ruleset, repo / "hwdb")
-    assert p.name == "default"                                   # the file's stem
+    assert p.name == "h200"                                      # the file's stem
     assert p.preservation.preset == "tolerance"
     assert p.preservation.axes == {**shipped_ruleset.presets["tolerance"].axes, "order": "fixed"}
     assert p.preservation.tolerance["float32"] == (1e-3, 0.0)

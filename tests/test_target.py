@@ -78,8 +78,8 @@ def test_an_instance_for_another_target_is_named_after_it_and_the_profile_file()
     # two profiles at one preservation level stay apart on one GPU
     profiles = REPO / "rulesets/profiles"
     names = {targets.instance_of(profiles / f"{p}.toml", "h100-sxm") for p in ("default", "fused", "synthesis")}
-    assert names == {"h100-sxm-default", "h100-sxm-fused", "h100-sxm-synthesis"}
-    assert targets.instance_of(profiles / "default.toml", None) == "h200-tolerance"
+    assert names == {"h100-tolerance", "h100-sxm-fused", "h100-sxm-synthesis"}   # the default is the H100's own
+    assert targets.instance_of(profiles / "h200.toml", None) == "h200-tolerance"
 
 
 def test_a_retargeted_profile_keeps_its_other_settings_and_its_snapshot_plans_for_the_target(
