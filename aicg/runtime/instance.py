@@ -1,6 +1,6 @@
 """aicg.load: a packaged instance as callable kernels.
 
-    inst = aicg.load("build/h200-tolerance")
+    inst = aicg.load("build/h100-tolerance")
     y = inst.softmax(x)                 # x: (..., cols) CUDA tensor, float32, bfloat16 or float16
     y = inst.rmsnorm(x, w, eps=1e-6)
     y = inst.layernorm(x, w, b)
