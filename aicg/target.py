@@ -14,14 +14,12 @@ instance keeps the profile's name, and the same keys.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import tomllib
 from pathlib import Path
 from typing import Protocol
 
 import tomli_w
 
-from . import hw
+from . import hw, suggest, tomlfile
 from .errors import InputError
 from .probe import record
 
@@ -61,11 +59,11 @@ def describe(device: Device) -> str:
 
 
 def _identity(path: Path) -> tuple[str | None, tuple[int, ...]]:
-    try:
-        identity = tomllib.loads(path.read_text(encoding="utf-8")).get("identity", {})
-    except tomllib.TOMLDecodeError as err:
-        raise InputError(path, "(syntax)", "valid TOML", str(err)) from None
-    return identity.get("name"), tuple(identity.get("compute_capability", ()))
+    identity = tomlfile.read(path).data.get("identity", {})
+    if not isinstance(identity, dict):
+        return None, ()
+    capability = identity.get("compute_capability", ())
+    return identity.get("name"), tuple(capability) if isinstance(capability, list) else ()
 
 
 def entry_of(hwdb_dir: Path, device: Device) -> str | None:
@@ -104,19 +102,9 @@ def resolve(requested: str, hwdb_dir: Path, device: Device | None) -> str:
                               requested, _no_entry(hwdb_dir, device))
         return entry
     if requested not in entries:
-        close = _nearest(requested, entries)
         raise TargetError(f"auto or an entry of {hwdb_dir}/ (one of: {listed})", requested,
-                          f"Did you mean {close}?" if close else "")
+                          suggest.did_you_mean(requested, entries))
     return requested
-
-
-def _nearest(typed: str, entries: list[str]) -> str | None:
-    """The one entry that holds what was typed ("h100" for h100-sxm), else the closest spelling."""
-    holding = [e for e in entries if typed.lower() in e.lower()]
-    if len(holding) == 1:
-        return holding[0]
-    close = difflib.get_close_matches(typed.lower(), entries, n=1, cutoff=0.5)
-    return close[0] if close else None
 
 
 def gpu_target(hwdb_dir: Path, device: Device | None) -> tuple[hw.Hardware | None, str]:
@@ -144,11 +132,10 @@ def instance_of(profile_path: Path, target: str | None) -> str:
     """The name of the instance `doit build profile=<profile_path>` gives for `target` (an entry of
     hwdb/; None: the profile's own), read from the profile's [instance] table alone."""
     path = Path(profile_path)
-    try:
-        instance = tomllib.loads(path.read_text(encoding="utf-8"))["instance"]
-        name, own = instance.get("name", path.stem), instance["target"]
-    except (tomllib.TOMLDecodeError, KeyError) as err:
-        raise InputError(path, "instance", "a table with target (and name)", str(err)) from None
+    instance = tomlfile.read(path).data.get("instance")
+    if not isinstance(instance, dict) or not isinstance(instance.get("target"), str):
+        raise InputError(path, "instance", "a table with target (and name)", instance)
+    name, own = instance.get("name", path.stem), instance["target"]
     return instance_name(name, own, path.stem, target or own)
 
 
@@ -163,10 +150,9 @@ def retarget(prof, target: str):
 def snapshot_profile(profile_path: Path, prof) -> bytes:
     """The profile as an instance carries it for its JIT (source/profile.toml): the file's bytes,
     or, built for another target, its settings with the instance's name and target."""
-    data = Path(profile_path).read_bytes()
-    doc = tomllib.loads(data.decode("utf-8"))
+    doc = tomlfile.read(profile_path).data
     if doc["instance"]["target"] == prof.target:
-        return data
+        return Path(profile_path).read_bytes()
     doc["instance"] = {**doc["instance"], "name": prof.name, "target": prof.target}
     head = (f"# {Path(profile_path).name}, built for {prof.target} (doit build target=...): the profile's "
             f"settings, with the instance's name and target\n")

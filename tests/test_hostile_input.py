@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import io
+import json
 import time
 from pathlib import Path
 
@@ -369,13 +370,31 @@ def test_doit_list_of_ten_thousand_shapes_answers_in_seconds(tmp_path):
 
 # -- inputs read outside the loaders above (changes asked of their owners) ----------------
 
-@pytest.mark.xfail(strict=True, raises=PermissionError,
-                   reason="aicg/primitives/realisation.py load() reads without turning OSError or "
-                          "UnicodeDecodeError into an InputError")
 def test_an_unreadable_realisation_profile(rules_dir, hwdb_dir, default_profile, unreadable, raises_input_error):
     path = hwdb_dir / f"{H200}.realisation.json"
     unreadable(path)
     with raises_input_error(path, "(file)", "a readable"):
+        planning.load(rules_dir, default_profile, hwdb_dir)
+
+
+@pytest.mark.parametrize("content, key, expected", [
+    (b'{"schema": 1, "provenance": {"device": "H\xe9200"}}', "(encoding)", "UTF-8 text"),
+    (b'[1, 2, 3]', "(document)", "a JSON object"),
+    (b'{"schema": 1, "provenance": [1]}', "provenance", "a table"),
+], ids=["latin-1", "a-list", "provenance-a-list"])
+def test_a_realisation_profile_that_is_not_one(rules_dir, hwdb_dir, default_profile, raises_input_error,
+                                               content, key, expected):
+    path = hwdb_dir / f"{H200}.realisation.json"
+    path.write_bytes(content)
+    with raises_input_error(path, key, expected):
+        planning.load(rules_dir, default_profile, hwdb_dir)
+
+
+def test_a_realisation_measurement_that_is_not_one(rules_dir, hwdb_dir, default_profile, raises_input_error):
+    path = hwdb_dir / f"{H200}.realisation.json"
+    provenance = {k: "x" for k in ("date", "driver", "clocks", "method", "repetitions", "device", "arch")}
+    path.write_text(json.dumps({"schema": 1, "provenance": provenance, "records": ["fast"]}))
+    with raises_input_error(path, "records[0]", "a measurement"):
         planning.load(rules_dir, default_profile, hwdb_dir)
 
 

@@ -85,12 +85,26 @@ def load(path: Path) -> Profile | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise InputError(path, "(file)", "a realisation profile (JSON), not a directory") from None
+    except OSError as err:
+        raise InputError(path, "(file)", "a readable realisation profile (JSON)", err.strerror or str(err)) from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise InputError(path, "(encoding)", "UTF-8 text", f"byte 0x{raw[err.start]:02x} on line {line}") from None
     except json.JSONDecodeError as err:
         raise InputError(path, "(syntax)", "valid JSON", str(err)) from None
+    if not isinstance(data, dict):
+        raise InputError(path, "(document)", "a JSON object with schema, provenance and records",
+                         type(data).__name__)
     if data.get("schema") != SCHEMA:
         raise InputError(path, "schema", str(SCHEMA), data.get("schema"))
     provenance = data.get("provenance", {})
+    if not isinstance(provenance, dict):
+        raise InputError(path, "provenance", "a table of the lab run's provenance", provenance)
     for key in PROVENANCE:
         if key not in provenance:
             raise InputError(path, f"provenance.{key}", "a value (the key is missing)")
@@ -98,6 +112,8 @@ def load(path: Path) -> Profile | None:
     if not isinstance(records, list) or not records:
         raise InputError(path, "records", "a non-empty list of measurements")
     for i, r in enumerate(records):
+        if not isinstance(r, dict):
+            raise InputError(path, f"records[{i}]", "a measurement (a JSON object)", r)
         for key, kind in _RECORD_KEYS.items():
             if not _is(r.get(key), kind):
                 raise InputError(path, f"records[{i}].{key}", kind.__name__, r.get(key))
