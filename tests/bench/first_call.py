@@ -68,9 +68,11 @@ def main() -> None:
                 x, extra = inputs(op, cols, dtype)
                 operator = getattr(inst, op)
                 case = {"op": op, "dtype": dtype_name, "shape": [ROWS, cols]}
+                seen = len(inst.jit_events)
                 try:
                     case["aicg_first"] = seconds_to_result(lambda: operator(x, *extra))
                     case["aicg_second"] = seconds_to_result(lambda: operator(x, *extra))
+                    case["aicg_steps"] = inst.jit_events[seen:]   # what the first call compiled and validated
                     got = operator(x, *extra).double()
                     want, scale = peers.reference(op, x, *extra)
                     case["aicg_error_over_scale"] = float(((got - want).abs() / (scale + 1e-30)).max())
