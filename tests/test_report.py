@@ -309,6 +309,8 @@ def _runs(flags, gap: int = 8) -> list[tuple[int, int]]:
 
 def test_headless_chromium_shows_the_plots(instance_dir, tmp_path):
     if not CHROMIUM.exists():
+        if os.environ.get("AICG_REQUIRE_CHROMIUM"):
+            pytest.fail(f"AICG_REQUIRE_CHROMIUM is set and there is no {CHROMIUM}")
         pytest.skip(f"no {CHROMIUM} (Debian's chromium package; .ci/run installs it)")
     shot = tmp_path / "report.png"
     run = subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

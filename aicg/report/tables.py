@@ -145,7 +145,7 @@ def _matrix_section(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
     lines = [f"### Matrix multiply: {day[-1].device}, {day[-1].date}", "",
              f"Runs: {_files(day)} (`tests/bench/matmul_bench.py`). Every kernel timed was validated against "
              f"float64 in the same run: {total} cases, " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-             + "." + "".join(f" Tensor-core peak: {v / 1e12:.1f} TFLOP/s ({where})." for v, where in sorted(peaks)), "",
+             + "." + "".join(f" Tensor-core peak: {v / 1e12:.1f} TFLOP/s, {where}." for v, where in sorted(peaks)), "",
              "| case | aicg TFLOP/s | of peak | peer | peer TFLOP/s | aicg / peer | aicg kernel |",
              "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
     for c in bench.matrix_cases(day):
