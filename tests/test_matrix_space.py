@@ -64,7 +64,7 @@ def test_realisation_names_are_unique_and_say_their_knobs():
     names = {r.name for r in reals}
     assert len(names) == len(reals)
     r = space.realisation("wgmma", "float16", "k", "mn", Epilogue("gelu_tanh", True, True), **space.templates()["wgmma"].tried[1])
-    assert r.name == "wgmma.f16.kmn.bm128_bn256_c2_g8_rm_s4.bias+gelu_tanh+residual"
+    assert r.name == "wgmma.f16.kmn.bm128_bn256_c2_g8_rm_coop_k1_s4_direct.bias+gelu_tanh+residual"
     assert space.Realisation.from_dict(r.as_dict()) == r
 
 
@@ -92,7 +92,7 @@ def test_realisation_rejects_layouts_dtypes_and_activations_it_does_not_take():
 
 def test_space_toml_errors_name_file_and_key(tmp_path, raises_input_error):
     path = tmp_path / "space.toml"
-    text = space.SPACE_FILE.read_text().replace("stages = [2, 3, 4, 5, 6]", "stages = [2, 3, 4, 5, 6]\ncolour = 3", 1)
+    text = space.SPACE_FILE.read_text().replace("stages = [2, 3, 4, 5, 6, 7, 8]", "stages = [2, 3, 4, 5, 6, 7, 8]\ncolour = 3", 1)
     path.write_text(text)
     with pytest.raises(InputError) as err:
         space.templates(path)
@@ -103,33 +103,68 @@ def test_space_toml_errors_name_file_and_key(tmp_path, raises_input_error):
         space.templates(path)
 
 
+def wgmma(a="k", b="k", epilogue=Epilogue(), **knobs):
+    """A wgmma realisation: the first tried setting with `knobs` changed."""
+    return space.realisation("wgmma", "bfloat16", a, b, epilogue, **dict(space.templates()["wgmma"].tried[0], **knobs))
+
+
 def test_wgmma_shared_memory_and_accumulators_decide_the_legal_tiles(hopper):
     rules = RULES["wgmma"]
-    reals = legal("wgmma", hopper, cluster_m=1, raster="m", group=8)
+    reals = legal("wgmma", hopper, cluster_m=1, raster="m", group=8, split_k=1)
     by_tile = {}
     for r in reals:
-        by_tile.setdefault((r.knob("block_m"), r.knob("block_n")), []).append(r.knob("stages"))
-    # 128 x 256: 48 KiB a stage, 4 stages fit the 227 KiB opt-in, 5 do not
-    assert max(by_tile[(128, 256)]) == 4
-    assert max(by_tile[(128, 128)]) == 6 and max(by_tile[(256, 128)]) == 4
-    # 256 x 256 would give each consumer 128 rows x 256 columns: 256 accumulators a thread
-    assert (256, 256) not in by_tile
-    bad = space.realisation("wgmma", "bfloat16", "k", "k", Epilogue(), block_m=256, block_n=256, stages=2,
-                            cluster_m=1, raster="m", group=8)
+        key = (r.knob("schedule"), r.knob("store"), r.knob("block_m"), r.knob("block_n"))
+        by_tile.setdefault(key, []).append(r.knob("stages"))
+    # cooperative, direct stores: 128 x 256 takes 48 KiB a stage, 4 stages fit the 227 KiB opt-in, 5 do not
+    assert max(by_tile[("cooperative", "direct", 128, 256)]) == 4
+    assert max(by_tile[("cooperative", "direct", 128, 128)]) == 7
+    assert max(by_tile[("cooperative", "direct", 256, 128)]) == 4
+    # the staged epilogue's buffers (a result block a consumer, 64 KiB for 128 x 256) cost a stage
+    assert max(by_tile[("cooperative", "staged", 128, 256)]) == 3
+    assert max(by_tile[("pingpong", "staged", 128, 128)]) == 5
+    assert max(by_tile[("pingpong", "staged", 64, 256)]) == 4
+    # a cooperative consumer holds half the rows, a pingpong consumer all of them: 256 accumulators
+    # a thread for 256 x 256 cooperative or 128 x 256 pingpong; 32-row consumers for 64 cooperative
+    for schedule, bm, bn in [("cooperative", 256, 256), ("pingpong", 128, 256), ("pingpong", 256, 128),
+                             ("cooperative", 64, 128)]:
+        assert not any(k[0] == schedule and k[2:] == (bm, bn) for k in by_tile), (schedule, bm, bn)
+    bad = wgmma(block_m=256, block_n=256, stages=2)
     assert any("256 accumulators" in v for v in rules.violations(bad, hopper))
-    five = space.realisation("wgmma", "bfloat16", "k", "k", Epilogue(), block_m=128, block_n=256, stages=5,
-                             cluster_m=1, raster="m", group=8)
+    assert any("consumers of 32 rows" in v for v in rules.violations(wgmma(block_m=64, block_n=64), hopper))
+    five = wgmma(stages=5)
     assert rules.dynamic_shared_bytes(five) == 5 * 384 * 128 + 1024
     assert any("shared memory" in v for v in rules.violations(five, hopper))
 
 
+def test_wgmma_staging_buffers_are_counted_with_the_bias():
+    rules = RULES["wgmma"]
+    ring = 4 * (128 + 128) * 128 + 1024
+    pingpong = wgmma(block_m=128, block_n=128, schedule="pingpong", store="staged")
+    assert rules.dynamic_shared_bytes(pingpong) == ring + 2 * 128 * 128 * 2
+    biased = wgmma(block_m=128, block_n=128, schedule="pingpong", store="staged", epilogue=Epilogue(bias=True))
+    assert rules.dynamic_shared_bytes(biased) == ring + 2 * (128 * 128 * 2 + 128 * 2)
+    cooperative = wgmma(block_m=128, block_n=128, store="staged")
+    assert rules.dynamic_shared_bytes(cooperative) == ring + 2 * 64 * 128 * 2
+    assert rules.dynamic_shared_bytes(wgmma(block_m=128, block_n=128)) == ring
+
+
+def test_wgmma_instantiation_leaves_default_trailing_knobs_to_the_template():
+    rules = RULES["wgmma"]
+    base = rules.template_arguments(wgmma())
+    assert base[-3:] == ["aicg::matrix::ACT_NONE", "false", "false"] and len(base) == 12
+    assert rules.template_arguments(wgmma(schedule="pingpong", block_n=128))[12:] == \
+        ["aicg::matrix::SCHEDULE_PINGPONG"]
+    assert rules.template_arguments(wgmma(store="staged"))[12:] == \
+        ["aicg::matrix::SCHEDULE_COOPERATIVE", "aicg::matrix::STORE_STAGED"]
+    assert rules.template_arguments(wgmma(split_k=4))[12:] == \
+        ["aicg::matrix::SCHEDULE_COOPERATIVE", "aicg::matrix::STORE_DIRECT", "4"]
+
+
 def test_wgmma_needs_exactly_hopper_and_whole_box_shares(hopper, ampere):
-    real = space.realisation("wgmma", "bfloat16", "k", "mn", Epilogue(), block_m=128, block_n=192, stages=3,
-                             cluster_m=2, raster="m", group=8)
+    real = wgmma("k", "mn", block_m=128, block_n=192, stages=3, cluster_m=2)
     found = RULES["wgmma"].violations(real, hopper)
     assert found == ["3 boxes of B do not split over 2 CTAs"]
-    k_major = space.realisation("wgmma", "bfloat16", "k", "k", Epilogue(), block_m=128, block_n=192, stages=3,
-                                cluster_m=2, raster="m", group=8)
+    k_major = wgmma(block_m=128, block_n=192, stages=3, cluster_m=2)
     assert RULES["wgmma"].violations(k_major, hopper) == []
     assert any("compute capability 9.0 only" in v for v in RULES["wgmma"].violations(k_major, ampere))
 
@@ -162,6 +197,6 @@ def test_gemv_register_estimate_rules_out_the_widest_settings(hopper):
 
 def test_legal_space_sizes(hopper):
     """The space the opt-in full compile covers (tests/test_matrix_build.py): every legal knob setting."""
-    assert 100 < len(legal("wgmma", hopper)) < 400
+    assert 3000 < len(legal("wgmma", hopper)) < 6000
     assert 50 < len(legal("mma", hopper)) < 1500
     assert 10 < len(legal("gemv", hopper)) <= 18

@@ -104,14 +104,17 @@ class Realisation:
                            **d["knobs"])
 
 
-# Knob names as realisation names spell them.
+# Knob names as realisation names spell them (a word-valued knob needs none: its value says it).
 ABBREVIATIONS = {"block_m": "bm", "block_n": "bn", "block_k": "bk", "stages": "s", "cluster_m": "c", "raster": "r",
                  "group": "g", "warps_m": "wm", "warps_n": "wn", "aligned": "al", "warps": "w", "tiles": "t",
-                 "unroll": "u"}
+                 "unroll": "u", "schedule": "", "store": "", "split_k": "k"}
+VALUE_ABBREVIATIONS = {"cooperative": "coop"}
 
 
 def _short(value) -> str:
-    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return VALUE_ABBREVIATIONS.get(value, str(value)) if isinstance(value, str) else str(value)
 
 
 def realisation(template: str, dtype: str, a_major: str, b_major: str, epilogue: Epilogue = Epilogue(),

@@ -7,19 +7,31 @@
 //   shared-memory ring           STAGES slots of (A slice, B slice), each with
 //                                a `full` barrier (the copies landed) and an
 //                                `empty` barrier (the consumers are done)
+//   units of work                output tiles in a grouped order (RASTER,
+//                                GROUP), each cut along K into SPLIT_K units
+//                                (split_k.cuh: a fixed-order reduction)
+//   persistent CTAs              grid = the CTAs the GPU holds at once; each
+//                                walks units u, u + grid, ...
 //   producer warpgroup           warpgroup 0 gives registers back, one thread
-//                                issues the TMA copies slot after slot
-//   consumer warpgroups          warpgroups 1 and 2 take the registers, each
-//                                owns BM/2 rows of the tile and issues
-//                                wgmma m64nBNk16 into its accumulators
-//   persistent tiles             grid = the CTAs the GPU holds at once; each
-//                                walks tiles t, t + grid, ... in a grouped
-//                                order (RASTER, GROUP)
+//                                issues the TMA copies slot after slot, unit
+//                                after unit
+//   consumer warpgroups          warpgroups 1 and 2 take the registers and
+//                                issue wgmma m64nBNk16 into their accumulators:
+//                                SCHEDULE_COOPERATIVE  both work on every unit,
+//                                  each on BM/2 of its rows
+//                                SCHEDULE_PINGPONG  they take the CTA's units
+//                                  in turn, each a whole BM x BN tile; the K
+//                                  loops alternate (the `turn` barriers), so
+//                                  one consumer's epilogue runs while the
+//                                  other's K loop keeps the tensor cores busy
 //   clusters (CLUSTER_M = 2)     two CTAs on vertically adjacent tiles share
 //                                the B slice: each copies half of it to both
 //                                (TMA multicast)
-//   epilogue                     bias, activation, residual, rounding, clipped
-//                                stores straight from the accumulators
+//   epilogue                     bias, activation, residual, rounding, and the
+//                                stores: STORE_DIRECT from the accumulator
+//                                fragments (epilogue.cuh), STORE_STAGED through
+//                                shared memory in 16-byte vectors, the residual
+//                                fetched during the K loop (staging.cuh)
 //
 // Layouts: A is M x K with K contiguous (A_MAJOR = K_MAJOR, row-major A) or
 // M contiguous (MN_MAJOR: column-major A, stored as K x M rows); B is N x K
@@ -37,24 +49,35 @@
 #include "aicg_types.cuh"
 #include "matrix/epilogue.cuh"
 #include "matrix/hopper.cuh"
+#include "matrix/split_k.cuh"
+#include "matrix/staging.cuh"
 #include "matrix/tiles.cuh"
 #include "matrix/wgmma_ops.cuh"
 
 namespace aicg {
 namespace matrix {
 
-template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR>
+enum Schedule { SCHEDULE_COOPERATIVE = 0, SCHEDULE_PINGPONG = 1 };
+enum Store { STORE_DIRECT = 0, STORE_STAGED = 1 };
+
+template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR,
+          int SCHEDULE = SCHEDULE_COOPERATIVE>
 struct WgmmaTile {
   static constexpr int BK = 64;
   static constexpr int CONSUMERS = 2;
   static constexpr int THREADS = 128 * (1 + CONSUMERS);
-  static constexpr int WG_M = BM / CONSUMERS;          // rows of the tile a consumer owns
+  static constexpr bool PINGPONG = SCHEDULE == SCHEDULE_PINGPONG;
+  static constexpr int WG_M = PINGPONG ? BM : BM / CONSUMERS;   // rows of the tile a consumer owns
   static constexpr int M_ATOMS = WG_M / 64;            // wgmma m64 row blocks per consumer
   static constexpr int ACC = BN / 2;                   // accumulators per thread per row block
+  static constexpr int TILE_THREADS = PINGPONG ? 128 : 128 * CONSUMERS;   // threads holding a tile's sums
   static constexpr unsigned A_BYTES = BM * BK * 2;
   static constexpr unsigned B_BYTES = BN * BK * 2;
   static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr unsigned RING_BYTES = STAGES * STAGE_BYTES;
   static constexpr unsigned B_SHARE_ROWS = BN / CLUSTER_M;   // K-major B rows each CTA of a cluster copies
+  // Arrivals that free a slot: each consumer that reads it, in every CTA its copies fill.
+  static constexpr unsigned EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMERS) * CLUSTER_M;
   // 384 threads with a launch bound of one block start at 168 registers each
   // (65536 / 384, rounded down to 8): the producer gives 128 of its threads'
   // down to 40, the consumers take them up to 232 (128 x 40 + 256 x 232 = 384 x 168).
@@ -62,7 +85,9 @@ struct WgmmaTile {
   static constexpr int CONSUMER_REGISTERS = 232;
 
   static_assert(sizeof(T) == 2, "wgmma with fp32 accumulation is built for 16-bit operands");
-  static_assert(BM == 128 || BM == 256, "two consumers of 64 or 128 rows");
+  static_assert(SCHEDULE == SCHEDULE_COOPERATIVE || SCHEDULE == SCHEDULE_PINGPONG, "a known schedule");
+  static_assert(PINGPONG ? (BM == 64 || BM == 128 || BM == 256) : (BM == 128 || BM == 256),
+                "consumers of whole m64 row blocks (cooperative: BM/2 rows each, pingpong: BM rows)");
   static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "wgmma widths instantiated in wgmma_ops.cuh");
   static_assert(M_ATOMS * ACC <= 128, "accumulators beyond 128 a thread leave no registers to work with");
   static_assert(STAGES >= 2, "a ring of one slot cannot overlap copies with math");
@@ -120,8 +145,8 @@ struct WgmmaTile {
     }
   }
 
-  // A consumer is done reading slot `empty`: one arrival per consumer
-  // warpgroup on that slot's barrier in every CTA that the slot's copies fill.
+  // A consumer is done reading slot `empty`: one arrival on that slot's
+  // barrier in every CTA that the slot's copies fill.
   static __device__ __forceinline__ void release(unsigned empty) {
     const unsigned thread = threadIdx.x % 128;
     if constexpr (CLUSTER_M == 1) {
@@ -132,26 +157,93 @@ struct WgmmaTile {
   }
 };
 
+// Where a thread is in the ring: the slot of the next K slice and the parity
+// of that slot's current phase. Slices are numbered in the order the
+// producer fills them; slice s lives in slot s % STAGES, phase s / STAGES.
+template <int STAGES>
+struct RingPosition {
+  int slot = 0;
+  unsigned phase = 0;
+
+  __device__ __forceinline__ void advance() {
+    if (++slot == STAGES) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+
+  __device__ __forceinline__ void skip(int slices) {
+    slot += slices;
+    phase ^= (slot / STAGES) & 1;
+    slot %= STAGES;
+  }
+};
+
+// The launch's units: output tiles (for clusters, pairs of vertically
+// adjacent tiles) in grouped order, each cut into `splits` consecutive K
+// ranges of whole 64-wide slices. The host computes the same numbers
+// (aicg/matrix/templates/wgmma.py: units, splits).
+template <int BM, int BN, int CLUSTER_M, int RASTER, int GROUP, int SPLIT_K>
+struct WgmmaWork {
+  int pair_rows, tiles_n, k_blocks, splits, per_split, total;
+
+  __device__ __forceinline__ WgmmaWork(int m, int n, int k) {
+    const int tiles_m = (m + BM - 1) / BM;
+    pair_rows = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;   // a cluster takes CLUSTER_M tiles down M
+    tiles_n = (n + BN - 1) / BN;
+    k_blocks = (k + 63) / 64;
+    // at most SPLIT_K parts, none empty: every split holds at least one slice
+    per_split = (k_blocks + min(SPLIT_K, k_blocks) - 1) / min(SPLIT_K, k_blocks);
+    splits = (k_blocks + per_split - 1) / per_split;
+    total = pair_rows * tiles_n * splits;
+  }
+
+  // Unit u: the tile (tm already this CTA's row of its cluster), its split,
+  // and that split's K slices [kb0, kb1).
+  __device__ __forceinline__ void unit(int u, unsigned rank, int& tm, int& tn, int& split, int& kb0, int& kb1) const {
+    const int t = u / splits;
+    split = u - t * splits;
+    tile_of<RASTER, GROUP>(t, pair_rows, tiles_n, tm, tn);
+    tm = tm * CLUSTER_M + rank;
+    kb0 = split * per_split;
+    kb1 = min(k_blocks, kb0 + per_split);
+  }
+};
+
 template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR, int RASTER, int GROUP,
-          int ACT, bool BIAS, bool RESIDUAL>
+          int ACT, bool BIAS, bool RESIDUAL, int SCHEDULE = SCHEDULE_COOPERATIVE, int STORE = STORE_DIRECT,
+          int SPLIT_K = 1>
 __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const TmaDescriptor* b_map, T* c, int ldc,
-                                           const T* bias, const T* residual, int ldr, int m, int n, int k) {
-  using Tile = WgmmaTile<T, BM, BN, STAGES, CLUSTER_M, A_MAJOR, B_MAJOR>;
+                                           const T* bias, const T* residual, int ldr, int m, int n, int k,
+                                           float* workspace, unsigned* tickets) {
+  using Tile = WgmmaTile<T, BM, BN, STAGES, CLUSTER_M, A_MAJOR, B_MAJOR, SCHEDULE>;
+  using Work = WgmmaWork<BM, BN, CLUSTER_M, RASTER, GROUP, SPLIT_K>;
+  using Staged = StagedEpilogue<T, Tile::WG_M, BN, ACT, BIAS, RESIDUAL>;
+  static_assert(STORE == STORE_DIRECT || STORE == STORE_STAGED, "a known store");
+  static_assert(SPLIT_K >= 1, "at least one part of K a tile");
   extern __shared__ __align__(128) unsigned char matrix_shared[];
   __shared__ __align__(8) unsigned long long full_barriers[STAGES], empty_barriers[STAGES];
+  __shared__ __align__(8) unsigned long long turn_barriers[Tile::CONSUMERS];   // pingpong: a consumer's K loop may start
+  __shared__ unsigned last_unit[Tile::CONSUMERS];                              // split-K: this unit completes its tile
 
-  // The ring: slot s at ring + s * STAGE_BYTES, A first, then B. The host
-  // asks for 1024 bytes more than the ring so its start can be rounded up
-  // to a swizzle atom (the descriptors' base offset is then 0).
+  // The ring: slot s at ring + s * STAGE_BYTES, A first, then B; after it, a
+  // staging buffer for each consumer (STORE_STAGED). The host asks for 1024
+  // bytes more than these so the ring's start can be rounded up to a swizzle
+  // atom (the descriptors' base offset is then 0).
   const unsigned ring = (shared_address(matrix_shared) + 1023u) & ~1023u;
   const unsigned full0 = shared_address(full_barriers), empty0 = shared_address(empty_barriers);
+  const unsigned turn0 = shared_address(turn_barriers);
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       barrier_init(full0 + 8 * s, 1);   // the producer's arrive_expect; the bytes do the rest
-      barrier_init(empty0 + 8 * s, Tile::CONSUMERS * CLUSTER_M);
+      barrier_init(empty0 + 8 * s, Tile::EMPTY_ARRIVALS);
+    }
+    if constexpr (Tile::PINGPONG) {
+      barrier_init(turn0, 1);
+      barrier_init(turn0 + 8, 1);
     }
     barrier_init_fence();
   }
@@ -160,10 +252,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   else
     __syncthreads();
 
-  const int tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
-  const int k_blocks = (k + Tile::BK - 1) / Tile::BK;
-  const int pair_rows = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;   // a cluster takes CLUSTER_M tiles down M
-  const int total = pair_rows * tiles_n;
+  const Work work(m, n, k);
   const int first = blockIdx.x / CLUSTER_M, step = gridDim.x / CLUSTER_M;
   const unsigned rank = CLUSTER_M > 1 ? cluster_rank() : 0;
 
@@ -172,68 +261,104 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(a_map);
       tma_prefetch_descriptor(b_map);
-      int slot = 0;
-      unsigned phase = 0;
-      for (int t = first; t < total; t += step) {
-        int tm, tn;
-        tile_of<RASTER, GROUP>(t, pair_rows, tiles_n, tm, tn);
-        tm = tm * CLUSTER_M + rank;
-        for (int kb = 0; kb < k_blocks; ++kb) {
-          barrier_wait(empty0 + 8 * slot, phase ^ 1);
-          barrier_arrive_expect(full0 + 8 * slot, Tile::STAGE_BYTES);
-          Tile::load_stage(a_map, b_map, ring + slot * Tile::STAGE_BYTES, full0 + 8 * slot, tm * BM, tn * BN,
+      RingPosition<STAGES> at;
+      for (int u = first; u < work.total; u += step) {
+        int tm, tn, split, kb0, kb1;
+        work.unit(u, rank, tm, tn, split, kb0, kb1);
+        for (int kb = kb0; kb < kb1; ++kb) {
+          barrier_wait(empty0 + 8 * at.slot, at.phase ^ 1);
+          barrier_arrive_expect(full0 + 8 * at.slot, Tile::STAGE_BYTES);
+          Tile::load_stage(a_map, b_map, ring + at.slot * Tile::STAGE_BYTES, full0 + 8 * at.slot, tm * BM, tn * BN,
                            kb * Tile::BK, m, n, rank);
-          if (++slot == STAGES) {
-            slot = 0;
-            phase ^= 1;
-          }
+          at.advance();
         }
       }
     }
   } else {
     registers_claim<Tile::CONSUMER_REGISTERS>();
-    const int consumer = warpgroup - 1, warp = (threadIdx.x % 128) / 32;
-    const Epilogue<T, ACT, BIAS, RESIDUAL> epilogue(c, ldc, bias, residual, ldr, m, n);
+    const int consumer = warpgroup - 1, thread = threadIdx.x % 128, warp = thread / 32;
+    const int atom0 = Tile::PINGPONG ? 0 : consumer * Tile::M_ATOMS;   // the consumer's first m64 block of A
+    const Epilogue<T, ACT, BIAS, RESIDUAL> direct(c, ldc, bias, residual, ldr, m, n);
+    const Staged staged(c, ldc, bias, residual, ldr, m, n,
+                        ring + Tile::RING_BYTES + consumer * Staged::BYTES, 1 + consumer);
     float acc[Tile::M_ATOMS][Tile::ACC];
-    int slot = 0;
-    unsigned phase = 0;
-    for (int t = first; t < total; t += step) {
-      int tm, tn;
-      tile_of<RASTER, GROUP>(t, pair_rows, tiles_n, tm, tn);
-      tm = tm * CLUSTER_M + rank;
+    RingPosition<STAGES> at;
+    int mine = 0;   // units this consumer has taken (pingpong)
+    for (int u = first, item = 0; u < work.total; u += step, ++item) {
+      int tm, tn, part, kb0, kb1;
+      work.unit(u, rank, tm, tn, part, kb0, kb1);
+      if constexpr (Tile::PINGPONG) {
+        if (item % Tile::CONSUMERS != consumer) {   // the other consumer's unit: its slices pass us by
+          at.skip(kb1 - kb0);
+          continue;
+        }
+        // Our K loop starts once the other consumer has waited for every slice
+        // before ours: only then is each slot at most one phase behind the
+        // slice we wait for, so a parity wait cannot be satisfied by an older
+        // phase. Consumer 0 goes first.
+        if (consumer == 1)
+          barrier_wait(turn0 + 8, mine & 1);
+        else if (mine > 0)
+          barrier_wait(turn0, (mine - 1) & 1);
+        ++mine;
+      }
+      const int row0 = tm * BM + (Tile::PINGPONG ? 0 : consumer * Tile::WG_M), col0 = tn * BN;
+      // A split unit learns only after its K loop whether it finishes the tile (and needs the residual).
+      const bool split = SPLIT_K > 1 && work.splits > 1;
+      if constexpr (STORE == STORE_STAGED) {
+        if (!split) staged.prefetch(row0, col0);
+      }
+
       int held = 0;   // the slot whose wgmma may still be reading it
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        barrier_wait(full0 + 8 * slot, phase);
+      for (int kb = kb0; kb < kb1; ++kb) {
+        barrier_wait(full0 + 8 * at.slot, at.phase);
         wgmma_fence();
-        const unsigned a = ring + slot * Tile::STAGE_BYTES, b = a + Tile::A_BYTES;
+        const unsigned a = ring + at.slot * Tile::STAGE_BYTES, b = a + Tile::A_BYTES;
 #pragma unroll
         for (int atom = 0; atom < Tile::M_ATOMS; ++atom) {
 #pragma unroll
           for (int ks = 0; ks < Tile::BK / 16; ++ks)
-            Wgmma<BN, T, A_MAJOR, B_MAJOR>::mma(acc[atom], Tile::a_descriptor(a, consumer * Tile::M_ATOMS + atom, ks),
-                                                Tile::b_descriptor(b, ks), (kb > 0 || ks > 0) ? 1 : 0);
+            Wgmma<BN, T, A_MAJOR, B_MAJOR>::mma(acc[atom], Tile::a_descriptor(a, atom0 + atom, ks),
+                                                Tile::b_descriptor(b, ks), (kb > kb0 || ks > 0) ? 1 : 0);
         }
         wgmma_commit();
-        if (kb > 0) {
+        if (kb > kb0) {
           wgmma_wait<1>();   // the previous slice's group is done: its slot is free
           Tile::release(empty0 + 8 * held);
         }
-        held = slot;
-        if (++slot == STAGES) {
-          slot = 0;
-          phase ^= 1;
-        }
+        held = at.slot;
+        at.advance();
+      }
+      if constexpr (Tile::PINGPONG) {
+        if (thread == 0) barrier_arrive(turn0 + 8 * (1 - consumer));   // the other consumer's turn
       }
       wgmma_wait<0>();
       Tile::release(empty0 + 8 * held);
 #pragma unroll
       for (int atom = 0; atom < Tile::M_ATOMS; ++atom) touch_accumulators<Tile::ACC>(acc[atom]);
 
-      const int row0 = tm * BM + consumer * Tile::WG_M + warp * 16;
+      if constexpr (SPLIT_K > 1) {
+        if (split) {
+          const long long tile = static_cast<long long>(tm) * work.tiles_n + tn;
+          const int holder = Tile::PINGPONG ? thread : threadIdx.x - 128;
+          const unsigned barrier = Tile::PINGPONG ? 1 + consumer : 3;
+          if (!SplitReduction<Tile::M_ATOMS * Tile::ACC, Tile::TILE_THREADS>::reduce(
+                  &acc[0][0], workspace, tickets, tile, part, work.splits, holder, barrier,
+                  last_unit + (Tile::PINGPONG ? consumer : 0)))
+            continue;   // another unit of this tile adds the parts
+          if constexpr (STORE == STORE_STAGED) staged.prefetch(row0, col0);
+        }
+      }
+
+      if constexpr (STORE == STORE_STAGED) {
+        staged.finish(acc, row0, col0);
+      } else {
+        const int frag_row0 = row0 + warp * 16;
 #pragma unroll
-      for (int atom = 0; atom < Tile::M_ATOMS; ++atom) {
+        for (int atom = 0; atom < Tile::M_ATOMS; ++atom) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) store_fragment(epilogue, row0 + atom * 64, tn * BN + 8 * j, &acc[atom][4 * j]);
+          for (int j = 0; j < BN / 8; ++j) store_fragment(direct, frag_row0 + atom * 64, col0 + 8 * j, &acc[atom][4 * j]);
+        }
       }
     }
   }

@@ -9,6 +9,12 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// Every thread of the `threads` (a multiple of 32) that use named barrier `id`
+// waits for the others: a barrier of some warps of a block (id 0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(threads) : "memory");
+}
+
 enum Major { K_MAJOR = 0, MN_MAJOR = 1 };   // an operand's contiguous dimension
 enum Raster { RASTER_M = 0, RASTER_N = 1 }; // the dimension a band of GROUP tiles spans
 

@@ -39,13 +39,16 @@ class GpuLimits:
 @dataclass(frozen=True)
 class Geometry:
     """One launch: grid and block (x, y, z), cluster size along x (1: none), dynamic shared
-    memory, and the scratch memory the kernel needs (bytes; tickets must start zeroed)."""
+    memory, the scratch memory the kernel needs (bytes; tickets must start zeroed), and the
+    parts each output's K sum is cut into (split-K: one more float addition per part, which
+    the error bound counts)."""
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     cluster: int
     shared_bytes: int
     workspace_bytes: int = 0
     ticket_bytes: int = 0
+    splits: int = 1
 
 
 class TemplateRules:
@@ -91,7 +94,11 @@ class TemplateRules:
         alignment is checked at launch."""
         raise NotImplementedError
 
-    def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None) -> Geometry:
+    def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None,
+                 blocks_per_sm: int | None = None) -> Geometry:
+        """The launch of `problem`: `resident_clusters` is how many of a clustered realisation's
+        clusters the GPU holds at once, `blocks_per_sm` how many of its CTAs an SM holds (the
+        driver's occupancy; None: the template's own estimate)."""
         raise NotImplementedError
 
     def operand_alignment(self, real: Realisation) -> int:

@@ -71,7 +71,8 @@ class MmaRules(TemplateRules):
     def operand_alignment(self, real: Realisation) -> int:
         return 16 if real.knob("aligned") else 2
 
-    def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None) -> Geometry:
+    def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None,
+                 blocks_per_sm: int | None = None) -> Geometry:
         k = real.settings
         tiles = -(-problem.m // k["block_m"]) * -(-problem.n // k["block_n"])
         return Geometry((tiles, 1, 1), (self.threads(real), 1, 1), 1, self.dynamic_shared_bytes(real))
