@@ -10,6 +10,7 @@ MAX_M = 16                    # the rows of one m16n8k16 fragment
 K_STEP = 32                   # K a warp covers per step (4 lanes x 8 elements)
 MIN_SPLIT_STEPS = 8           # a split covers at least this many steps: the reduction stays a small share
 RESIDENT_THREADS_PER_SM = 2048
+REGISTERS_PER_SM = 65536
 ADDRESSING_REGISTERS = 40     # pointers, indices, predicates beside the loaded vectors (ptxas: 48-102 in all)
 
 
@@ -72,18 +73,25 @@ class GemvRules(TemplateRules):
     def columns_per_block(self, real: Realisation) -> int:
         return real.knob("warps") * real.knob("tiles") * 8
 
-    def k_split(self, real: Realisation, problem: Problem, sm_count: int) -> int:
-        """K a split covers: enough splits that the grid fills the GPU about once with resident CTAs,
-        each split at least MIN_SPLIT_STEPS steps, a whole number of steps."""
+    def blocks_per_sm_estimate(self, real: Realisation) -> int:
+        """CTAs an SM holds at once by the register estimate (a launch asks the driver instead)."""
+        threads = self.threads(real)
+        return max(1, min(RESIDENT_THREADS_PER_SM // threads, REGISTERS_PER_SM // (self.registers_estimate(real) * threads)))
+
+    def k_split(self, real: Realisation, problem: Problem, sm_count: int, blocks_per_sm: int | None = None) -> int:
+        """K a split covers: as many splits as keep the grid within one wave of resident CTAs
+        (a second, partial wave would run at a fraction of the bandwidth), each split at least
+        MIN_SPLIT_STEPS steps, a whole number of steps."""
         blocks = -(-problem.n // self.columns_per_block(real))
-        target = sm_count * max(1, RESIDENT_THREADS_PER_SM // self.threads(real))
+        resident = sm_count * (blocks_per_sm or self.blocks_per_sm_estimate(real))
         steps = -(-problem.k // K_STEP)
-        splits = max(1, min(-(-target // blocks), steps // MIN_SPLIT_STEPS))
+        splits = max(1, min(resident // blocks, steps // MIN_SPLIT_STEPS))
         return -(-steps // splits) * K_STEP
 
-    def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None) -> Geometry:
+    def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None,
+                 blocks_per_sm: int | None = None) -> Geometry:
         blocks = -(-problem.n // self.columns_per_block(real))
-        k_split = self.k_split(real, problem, sm_count)
+        k_split = self.k_split(real, problem, sm_count, blocks_per_sm)
         splits = -(-problem.k // k_split)
         workspace = splits * problem.m * problem.n * 4 if splits > 1 else 0
-        return Geometry((blocks, splits, 1), (self.threads(real), 1, 1), 1, 0, workspace, 4 * blocks)
+        return Geometry((blocks, splits, 1), (self.threads(real), 1, 1), 1, 0, workspace, 4 * blocks, splits)
