@@ -9,7 +9,7 @@
 //   split-K      grid.y = splits: split s sums K range [s k_split, (s+1) k_split)
 //   loads        per 32-wide K step a lane loads 16 bytes (8 elements) of one
 //                W row per tile, and 16 bytes of A rows l/4 and l/4 + 8; W is
-//                double-buffered in registers, UNROLL steps ahead of the math
+//                software-pipelined UNROLL steps ahead of the math
 //   math         mma.sync m16n8k16 on the loaded registers as they are: the
 //                8 consecutive K of a lane's 16 bytes serve as the k-slots
 //                {2q, 2q+1, 2q+8, 2q+9} (q = lane % 4) of two MMAs, and A and
@@ -76,9 +76,18 @@ __device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int
     }
   };
 
-  // The MMAs of one group of UNROLL steps, W from `wv`. A comes from L1 (every
-  // warp of the CTA reads the same K range of it) just before its use.
-  auto math = [&](const uint4 (&wv)[UNROLL][TILES], int k0) {
+  // Software pipelined over the K range: the next STEP of W is requested before the math on
+  // this one, so a warp always has UNROLL x TILES loads in flight while it computes. A comes
+  // from L1 (every warp of the CTA reads the same K range of it) just before its use.
+  uint4 next[UNROLL][TILES];
+  load_w(next, k_begin);
+  for (int k0 = k_begin; k0 < k_end; k0 += STEP) {
+    uint4 wv[UNROLL][TILES];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) wv[u][t] = next[u][t];
+    load_w(next, k0 + STEP);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int kk = k0 + 32 * u;
@@ -96,21 +105,6 @@ __device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int
         Mma16816<T>::mma(acc[t], a1, b1);
       }
     }
-  };
-
-  // Double-buffered over the K range in two register sets: a group's loads are
-  // issued into the set the previous group's math has just finished with, before
-  // the math on the other set, so a warp always has UNROLL x TILES loads in
-  // flight while it computes. (With one set copied into another, the compiler
-  // gave both the same registers and the loads waited for the math.) Loads past
-  // k_end are not made.
-  uint4 w0[UNROLL][TILES], w1[UNROLL][TILES];
-  load_w(w0, k_begin);
-  for (int k0 = k_begin; k0 < k_end; k0 += 2 * STEP) {
-    load_w(w1, k0 + STEP);
-    math(w0, k0);
-    load_w(w0, k0 + 2 * STEP);
-    math(w1, k0 + STEP);
   }
 
   const Epilogue<T, ACT, BIAS, RESIDUAL> epilogue(c, ldc, bias, residual, ldr, m, n);
