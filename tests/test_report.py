@@ -195,6 +195,26 @@ def test_without_probe_curves_or_runs_the_page_says_so(instance_dir, tmp_path):
     assert "No probe curves were found" in text and "No benchmark run is recorded" in text
 
 
+def test_an_instance_not_validated_here_gets_a_page_without_times(instance_dir, tmp_path):
+    """Built where no GPU and no record validated it: no time, no bandwidth, and the page says why."""
+    copy = Path(shutil.copytree(instance_dir, tmp_path / "inst"))
+    shutil.rmtree(copy / ".receipts")     # the files are then read as they are
+    shutil.rmtree(copy / "validation")
+    manifest = _json(copy / "manifest.json")
+    for kernel in manifest["kernels"].values():
+        kernel.update(validation="unvalidated", measured_seconds=None, dispatch=[], validated_on=None)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    for op in ("softmax", "row_sum"):
+        selection = _json(copy / f"select/{op}.json")
+        for cand in selection["dtypes"]["float32"]["candidates"]:
+            cand.update(status="unvalidated", measured_seconds=None, timings=[])
+        (copy / f"select/{op}.json").write_text(json.dumps(selection))
+    report.write(copy, REPO / "hwdb", None)
+    text = (copy / "report.html").read_text()
+    assert "2 kernels are not validated on the target" in text and "data-seconds" not in text
+    assert 'data-chart="lab:softmax.float32"' in text   # the lab's curves stand without the build's times
+
+
 # ---- the recorded runs and the generated tables ---------------------------------------------------
 
 def _rows_run(path: Path, date: str, device: str, aicg: float, op: str = "softmax") -> None:

@@ -59,15 +59,15 @@ def lab_chart(lab: Lab, kf: KernelFigures, top: Ceiling | None) -> Figure | None
                          tuple((c, bw / 1e12) for _, c, bw in points), svg.GREY, "dots"),
               svg.Series("best at each row length", tuple((c, bw / 1e12) for c, bw in best.items()), svg.BLUE)]
     if chosen:
-        series.append(svg.Series(f"chosen: {chosen_id}", tuple(chosen), svg.VERMILION))
+        series.append(svg.Series("the chosen kernel, in the lab", tuple(chosen), svg.VERMILION))
     built = tuple((s.cols, s.bytes_per_second / 1e12) for s in kf.shapes if s.bytes_per_second)
     if built:
-        series.append(svg.Series("as the build timed it, at the workload's shapes", built, svg.GREEN, "markers"))
+        series.append(svg.Series("the build's timings, at the workload's shapes", built, svg.GREEN, "markers"))
     rules = [svg.Rule(f"copy ceiling {top.bytes_per_second / 1e12:.2f} TB/s", top.bytes_per_second / 1e12, "y")] if top else []
     twin = "" if dtype == kf.dtype else f" (the lab's {dtype} twin: the same bytes moved)"
     caption = (f"{kf.name}: bandwidth of each realisation of {', '.join(families)} the lab measured at a full launch of "
-               f"{lab.provenance.get('lab', {}).get('row_elements', 'many')} elements{twin}"
-               + ("" if chosen else "; the chosen kernel itself was not measured by the lab") + ".")
+               f"{lab.provenance.get('lab', {}).get('row_elements', 'many')} elements{twin}; chosen: {chosen_id}"
+               + ("" if chosen else ", which the lab has not measured") + ".")
     return Figure(svg.chart(f"{kf.op} {kf.dtype}", series, rules, "row length (elements)", "TB/s", x_log=True,
                             name=f"lab:{kf.name}"), caption)
 

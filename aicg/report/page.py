@@ -29,7 +29,7 @@ code { font: 12.5px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
 .status-passed { color: #007a5a; } .status-failed, .status-none { color: #b3261e; }
 .status-unvalidated, .status-unverified { color: #9a6700; font-weight: 600; }
 .grid { display: flex; flex-wrap: wrap; gap: 14px 18px; }
-figure { margin: 0; } figcaption { font-size: 12.5px; color: #59606e; max-width: 380px; }
+figure { margin: 0; } figcaption { font-size: 12.5px; color: #59606e; max-width: 350px; }
 figure.wide figcaption { max-width: none; }
 ul.facts { margin: 4px 0 10px; padding-left: 20px; } ul.facts li { margin: 2px 0; }
 .who { color: #59606e; font-size: 12.5px; }

@@ -126,7 +126,9 @@ def _marker(x: float, y: float, colour: str, shape: str, size: float = 4.5) -> s
 def _legend(entries: list[tuple[str, str, str]], left: float, top: float, width: float) -> tuple[list[str], float]:
     """(elements, height) of a legend that wraps: entries are (label, colour, how drawn)."""
     out, x, y = [], left, top + 10
+    fits = int((width - 40) / CHAR_WIDTH)
     for label, colour, how in entries:
+        label = label if len(label) <= fits else label[:fits - 1] + "…"
         need = 26 + len(label) * CHAR_WIDTH + 14
         if x > left and x + need > left + width:
             x, y = left, y + 16
@@ -148,7 +150,7 @@ def _legend(entries: list[tuple[str, str, str]], left: float, top: float, width:
 def chart(title: str, series: list[Series], rules: list[Rule], x_label: str, y_label: str, *,
           x_log: bool = False, y_log: bool = False, y_from_zero: bool = True,
           x_format: Callable[[float], str] = number, y_format: Callable[[float], str] = number,
-          width: int = 360, height: int = 240, name: str = "") -> str:
+          width: int = 350, height: int = 240, name: str = "") -> str:
     """Series against one x and one y scale, with reference lines and a legend below the plot."""
     xs = [x for s in series for x, _ in s.points] + [r.value for r in rules if r.axis == "x"]
     ys = [y for s in series for _, y in s.points] + [r.value for r in rules if r.axis == "y"]
