@@ -95,7 +95,8 @@ def _summary(all_kf: list[kernels.KernelFigures], top: kernels.Ceiling | None) -
     out = ["<h2 id=\"kernels\">Kernels</h2>",
            "<p>Time: the geometric mean of the chosen kernel's medians over the workload's shapes, as the build "
            "measured it. Bandwidth and its share of the copy ceiling: at the workload shape that moves the most "
-           "bytes, run by the kernel fastest there. Details and every candidate per kernel are below.</p>",
+           "bytes, run by the kernel fastest there (a kernel that mostly reads, such as a row sum, can pass the copy: "
+           "reading alone is faster than reading and writing). Details and every candidate per kernel are below.</p>",
            "<table class=\"kernels\"><tr><th>operator</th><th>dtype</th><th>chosen kernel</th><th>validation</th>"
            "<th class=\"n\">time (µs)</th><th>largest shape</th><th class=\"n\">TB/s</th><th class=\"n\">of copy</th>"
            "<th class=\"n\">valid candidates</th></tr>"]
