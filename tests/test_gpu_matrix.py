@@ -22,23 +22,44 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(driver.probe_device() is None,
 TRIED = {name: tpl.tried for name, tpl in space.templates().items()}
 EPILOGUES = [Epilogue(), Epilogue("gelu_tanh", bias=True), Epilogue("gelu_erf", bias=True, residual=True),
              Epilogue("silu", residual=True)]
-# (m, n, k): a tile, off every tile and vector size, K not a multiple of 8 (padded rows), a mid square
+# (m, n, k): a tile, off every tile and vector size, K not a multiple of 8 (padded rows), a mid square,
+# more tiles than a GPU has SMs with a short ragged K (persistent CTAs take several, pingpong consumers
+# take turns), and many split-K units a CTA (K in 32 slices, cut 2-8 ways)
 SHAPES = [(128, 128, 64), (1, 7, 64), (7, 129, 1000), (127, 1000, 129), (129, 127, 4097), (1000, 1000, 1000),
-          (3, 520, 8)]
+          (3, 520, 8), (4000, 3000, 300), (1000, 4000, 2000)]
 DECODE_SHAPES = [(16, 128, 64), (1, 7, 64), (3, 520, 8), (16, 1000, 4096), (1, 4096, 4096), (9, 4104, 1000)]
+FUSED = Epilogue("gelu_erf", bias=True, residual=True)
+
+
+def _new_design(template: str, knobs: dict) -> str | None:
+    """Which of the wgmma kernel's later designs a setting uses (staged store, pingpong, split-K)."""
+    if template != "wgmma":
+        return None
+    for name, default in (("store", "direct"), ("schedule", "cooperative"), ("split_k", 1)):
+        if knobs[name] != default:
+            return f"{name}={knobs[name]}"
+    return None
 
 
 def cases():
-    found = []
+    found, seen = [], set()
     for template in ("wgmma", "mma", "gemv"):
         tpl = space.templates()[template]
         for i, knobs in enumerate(tpl.tried):
+            design = _new_design(template, knobs)
+            first_of_design = design is not None and design not in seen
+            seen.add(design)
             for a in tpl.a_layouts:
                 for b in tpl.b_layouts:
-                    # every setting with plain output in every layout; the first setting with every
-                    # epilogue and both dtypes
-                    combos = [("bfloat16", Epilogue())] if i else \
-                        [(d, e) for d in ("bfloat16", "float16") for e in EPILOGUES]
+                    # every setting with plain output in every layout; the first setting, and the first
+                    # of each later design, with every epilogue and both dtypes; the others of a later
+                    # design with the fused epilogue too
+                    if i == 0 or first_of_design:
+                        combos = [(d, e) for d in ("bfloat16", "float16") for e in EPILOGUES]
+                    elif design is not None and (a, b) == ("k", "k"):
+                        combos = [("bfloat16", Epilogue()), ("bfloat16", FUSED)]
+                    else:
+                        combos = [("bfloat16", Epilogue())]
                     for dtype, epilogue in combos:
                         found.append(space.realisation(template, dtype, a, b, epilogue, **knobs))
     return found
@@ -98,4 +119,22 @@ def test_split_k_decode_is_deterministic_across_launches(device, runner):
     result = runner.run(real, built.cubin, Problem(16, 4096, 14336))
     assert result["validation"]["status"] == "passed", result
     assert result["validation"]["splits"] > 1
+    assert all(c.get("repeatable", True) for c in result["validation"]["checks"])
+
+
+@pytest.mark.parametrize("store", ["direct", "staged"])
+def test_split_k_wgmma_is_deterministic_across_launches(device, runner, store):
+    """The wgmma kernel's split-K parts are added in split order by whichever unit finishes a tile
+    last: the bits repeat (check.validate runs it twice on the same inputs and compares), at a
+    shape whose 32 tiles are each cut 4 ways and with every epilogue term."""
+    info, limits = device
+    if not space.templates()["wgmma"].runs_on(info.compute_capability):
+        pytest.skip(f"wgmma does not run on compute capability {info.compute_capability}")
+    knobs = next(k for k in TRIED["wgmma"] if k["split_k"] == 4 and k["block_n"] == 128)
+    real = space.realisation("wgmma", "bfloat16", "k", "k", FUSED, **dict(knobs, store=store))
+    problem = Problem(128, 4096, 4096, "bfloat16", "k", "k", FUSED)
+    assert RULES["wgmma"].geometry(real, problem, info.sm_count, None).splits == 4
+    built = build.compile_realisation(real, build.arch_for(real, info.compute_capability))
+    result = runner.run(real, built.cubin, problem)
+    assert result["validation"]["status"] == "passed", result
     assert all(c.get("repeatable", True) for c in result["validation"]["checks"])

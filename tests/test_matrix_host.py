@@ -5,6 +5,8 @@ kernels the adversarial suite names (a skipped k slice, a transposed operand, an
 applied twice, a bias left out, rows shifted) fail it."""
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -83,7 +85,13 @@ def test_unaligned_mma_takes_any_strides_and_pointers():
 
 # ---- TMA descriptors
 
-@pytest.mark.parametrize("a, b, i", [("k", "k", 0), ("k", "mn", 1), ("mn", "k", 2), ("mn", "mn", 4), ("k", "k", 6)])
+def tried(**want) -> int:
+    """The index of the first tried wgmma setting with these knob values."""
+    return next(i for i, k in enumerate(TRIED["wgmma"]) if all(k[n] == v for n, v in want.items()))
+
+
+@pytest.mark.parametrize("a, b, i", [("k", "k", 0), ("k", "mn", 1), ("mn", "k", 2), ("mn", "mn", 4), ("k", "k", 6),
+                                     ("k", "k", tried(block_m=64)), ("mn", "mn", tried(block_m=64))])
 def test_tensor_map_boxes_fill_exactly_the_stage_the_barrier_expects(a, b, i):
     r = real("wgmma", a, b, i=i)
     k = r.settings
@@ -142,6 +150,208 @@ def test_gemv_splits_cover_k_in_whole_steps(m, n, k):
     assert splits == 1 or k_split >= 8 * 32       # no split too short to pay for its reduction
     if (m, n, k) == (1, 4096, 4096):
         assert splits > 1 and g.grid[0] * splits >= 132   # the whole GPU reads the weight
+
+
+@pytest.mark.parametrize("k, splits", [(64, 1), (100, 2), (128, 2), (192, 3), (320, 3), (4096, 4), (4097, 4)])
+def test_wgmma_split_k_cuts_k_into_whole_slices_none_empty(k, splits):
+    w = RULES["wgmma"].work(real("wgmma", split_k=4), Problem(256, 512, k))
+    assert w.k_blocks == -(-k // 64) and w.splits == splits
+    per = -(-w.k_blocks // min(4, w.k_blocks))
+    assert (w.splits - 1) * per < w.k_blocks <= w.splits * per     # the last split holds a slice too
+    assert w.units == w.tiles * splits and w.tiles == 2 * 2
+
+
+def test_wgmma_split_k_geometry_keeps_partial_sums_and_tickets():
+    rules = RULES["wgmma"]
+    r = real("wgmma", i=tried(block_n=192, split_k=4))
+    g = rules.geometry(r, Problem(128, 6144, 4096), 132, None)
+    assert g.splits == 4 and g.grid == (128, 1, 1)           # 32 tiles x 4 parts: a unit for 128 SMs
+    assert g.workspace_bytes == 32 * 4 * 128 * 192 * 4 and g.ticket_bytes == 4 * 32
+    assert rules.geometry(r, Problem(128, 6144, 64), 132, None).splits == 1   # one slice: nothing to split
+    plain = rules.geometry(real("wgmma"), Problem(128, 6144, 4096), 132, None)
+    assert (plain.splits, plain.workspace_bytes, plain.ticket_bytes) == (1, 0, 0)
+    # a clustered split launch counts its padded row of tiles (tickets are per tile)
+    clustered = real("wgmma", i=1, split_k=2)
+    g = rules.geometry(clustered, Problem(300, 256, 4096), 132, 66)
+    assert g.ticket_bytes == 4 * 4 and g.grid == (8, 1, 1)     # 3 row tiles -> 2 pairs, x 2 parts, 2 CTAs each
+    reason = rules.unsupported(r, Problem(16384, 28672, 4096))
+    assert "MiB of partial sums" in reason and "without splitting K" in reason
+
+
+def test_pingpong_units_are_the_tiles():
+    rules = RULES["wgmma"]
+    r = real("wgmma", i=tried(schedule="pingpong", block_m=64))
+    assert rules.consumer_rows(r) == 64 and rules.accumulators(r) == 128
+    g = rules.geometry(r, Problem(8192, 4096, 4096), 132, None)
+    assert g.grid == (132, 1, 1) and g.splits == 1 and g.workspace_bytes == 0
+
+
+def test_gemv_grid_is_one_wave_of_resident_ctas():
+    rules, r = RULES["gemv"], real("gemv")
+    for blocks_per_sm in (1, 3, 8):
+        for n, k in [(4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096)]:
+            g = rules.geometry(r, Problem(1, n, k), 132, None, blocks_per_sm=blocks_per_sm)
+            ctas = g.grid[0] * g.grid[1]
+            assert ctas <= max(132 * blocks_per_sm, g.grid[0]), (blocks_per_sm, n, k, g.grid)
+            assert g.splits == g.grid[1]
+    g = rules.geometry(r, Problem(1, 4096, 4096), 132, None, blocks_per_sm=3)
+    assert g.grid == (32, 12, 1)             # 32 column blocks x 12 splits of 352: 384 of 396 resident CTAs
+
+
+class _FakeDriver:
+    """What MatmulKernel asks of the CUDA driver, recorded: launches and scratch buffers."""
+
+    def __init__(self):
+        self.launches, self.buffers = [], []
+
+    def cuLaunchKernel(self, function, *args):
+        self.launches.append(args)
+        return (0,)
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.nbytes, self.ptr = nbytes, 0x100000 * (1 + nbytes % 7)
+
+        def fill_byte(self, value, stream=0):
+            pass
+
+        def free(self):
+            self.ptr = 0
+
+
+def test_a_repeated_launch_is_one_driver_call(monkeypatch):
+    from aicg.matrix import launch
+    fake = _FakeDriver()
+    monkeypatch.setattr(launch, "_cu", lambda: fake)
+    monkeypatch.setattr(launch.driver, "check", lambda result: result[1] if len(result) > 1 else None)
+    monkeypatch.setattr(launch.driver, "Buffer", _FakeDriver.Buffer)
+    monkeypatch.setattr(launch.driver, "synchronize", lambda: None)
+    checked = []
+    monkeypatch.setattr(launch, "check_arguments", lambda *a: checked.append(a[1]))
+    kernel = launch.MatmulKernel.__new__(launch.MatmulKernel)
+    r = real("gemv")
+    kernel.real, kernel.rules, kernel.shared_bytes, kernel.sm_count = r, RULES["gemv"], 0, 132
+    kernel.kernel = type("K", (), {"function": "f"})()
+    kernel._scratch, kernel._prepared = {}, {}
+    kernel.__dict__["blocks_per_sm"] = 3
+    small, large = Problem(1, 4096, 4096), Problem(16, 28672, 4096)
+    pointers = {"a": 0x1000, "b": 0x2000, "c": 0x3000}
+    for _ in range(3):
+        kernel.launch(small, pointers)
+    assert len(fake.launches) == 3 and checked == [small]
+    assert fake.launches[0][:6] == (32, 12, 1, 256, 1, 1)
+    kernel.launch(large, pointers)          # more workspace: the buffer is replaced ...
+    kernel.launch(small, pointers)          # ... and the launch that pointed into the old one prepared again
+    assert checked == [small, large, small] and len(fake.launches) == 5
+
+
+# ---- the wgmma kernel's pipeline protocol, played out on the host
+
+class _Barrier:
+    """An mbarrier: `count` arrivals complete a phase; a parity wait passes once the phase of
+    that parity is complete, i.e. while the current phase has the other parity (PTX ISA,
+    mbarrier.try_wait.parity). A fresh barrier is in phase 0, so a wait for parity 1 passes."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.completed = count, count, 0
+
+    def arrive(self):
+        self.pending -= 1
+        if self.pending == 0:
+            self.completed, self.pending = self.completed + 1, self.count
+
+    def passed(self, parity):
+        return (self.completed & 1) != parity
+
+
+def play_ring(stages: int, slices: list[int], pingpong: bool, turns: bool = True, seed: int = 0) -> list[str]:
+    """One CTA of gemm_wgmma.cuh, its threads interleaved at random: the producer fills the ring
+    slot after slot for the CTA's units (`slices`: K slices of each), a copy lands some time after
+    it is issued, the consumers wait, read and release as the kernel's loops do (pingpong: units
+    in turn, the turn barriers unless `turns` is off). Returns what went wrong: a slice read from
+    a slot holding another one, or a deadlock."""
+    rng = random.Random(seed)
+    full = [_Barrier(2) for _ in range(stages)]     # the producer's arrive_expect, then the bytes landing
+    empty = [_Barrier(1 if pingpong else 2) for _ in range(stages)]
+    turn = [_Barrier(1), _Barrier(1)]
+    held_by_slot = [None] * stages                   # the slice each slot holds
+    landings, problems = [], []
+
+    def producer():
+        slot = phase = number = 0
+        for count in slices:
+            for _ in range(count):
+                yield lambda s=slot, p=phase: empty[s].passed(p ^ 1)
+                full[slot].arrive()
+                landings.append((slot, number))
+                slot, number = (slot + 1) % stages, number + 1
+                phase ^= slot == 0
+
+    def consumer(c):
+        slot = phase = number = mine = 0
+
+        def read(s, want, when):
+            if held_by_slot[s] != want:
+                problems.append(f"consumer {c} {when} slice {want} in slot {s}, found {held_by_slot[s]}")
+        for item, count in enumerate(slices):
+            if pingpong and item % 2 != c:
+                for _ in range(count):
+                    slot, number = (slot + 1) % stages, number + 1
+                    phase ^= slot == 0
+                continue
+            if pingpong and turns:
+                if c == 1:
+                    yield lambda m=mine: turn[1].passed(m & 1)
+                elif mine > 0:
+                    yield lambda m=mine: turn[0].passed((m - 1) & 1)
+                mine += 1
+            held = None
+            for j in range(count):
+                yield lambda s=slot, p=phase: full[s].passed(p)
+                read(slot, number, "issued on")
+                if j > 0:
+                    read(*held, "released")
+                    empty[held[0]].arrive()
+                held = (slot, number)
+                slot, number = (slot + 1) % stages, number + 1
+                phase ^= slot == 0
+            if pingpong and turns:
+                turn[1 - c].arrive()
+            read(*held, "released")
+            empty[held[0]].arrive()
+
+    threads = [producer(), consumer(0), consumer(1)]
+    waiting = {i: next(t) for i, t in enumerate(threads)}
+    while waiting or landings:
+        ready = [("thread", i) for i, cond in waiting.items() if cond()] + [("landing", j) for j in range(len(landings))]
+        if not ready:
+            return problems + ["deadlock"]
+        kind, i = rng.choice(ready)
+        if kind == "landing":
+            slot, number = landings.pop(i)
+            held_by_slot[slot] = number
+            full[slot].arrive()
+            continue
+        try:
+            waiting[i] = next(threads[i])
+        except StopIteration:
+            del waiting[i]
+    return problems
+
+
+@pytest.mark.parametrize("pingpong", [False, True], ids=["cooperative", "pingpong"])
+@pytest.mark.parametrize("stages, slices", [(2, [5, 5, 5, 5, 5]), (3, [1, 1, 1, 1]), (4, [3, 3, 2, 3, 3, 2, 3]),
+                                            (4, [64, 64, 64]), (6, [2, 7, 1, 9, 4])])
+def test_the_ring_never_hands_a_consumer_a_stale_slot(stages, slices, pingpong):
+    for seed in range(40):
+        assert play_ring(stages, slices, pingpong, seed=seed) == [], (stages, slices, seed)
+
+
+def test_pingpong_without_its_turns_reads_stale_slots():
+    """The turn barriers are what keeps the second consumer from passing a parity wait on an
+    older phase of its first slot: without them the playthrough finds the stale read."""
+    found = [p for seed in range(40) for p in play_ring(2, [4, 4, 4, 4], True, turns=False, seed=seed)]
+    assert any("found" in p for p in found)
 
 
 # ---- inputs, reference and bound

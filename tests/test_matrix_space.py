@@ -200,3 +200,44 @@ def test_legal_space_sizes(hopper):
     assert 3000 < len(legal("wgmma", hopper)) < 6000
     assert 50 < len(legal("mma", hopper)) < 1500
     assert 10 < len(legal("gemv", hopper)) <= 18
+
+
+# ---- what ptxas made of the settings tried first (NVRTC on this machine, sm_90a)
+
+FUSED = Epilogue("gelu_erf", bias=True, residual=True)
+NEW_WGMMA = [i for i, k in enumerate(space.templates()["wgmma"].tried)
+             if (k["schedule"], k["store"], k["split_k"]) != ("cooperative", "direct", 1)]
+
+
+@pytest.fixture(scope="module")
+def sass(bench_module):
+    return bench_module("sass")
+
+
+@pytest.mark.parametrize("i", NEW_WGMMA)
+@pytest.mark.parametrize("epilogue", [Epilogue(), FUSED], ids=lambda e: e.name)
+def test_staged_pingpong_and_split_settings_compile_to_their_design(i, epilogue, hopper, sass):
+    """Every tried setting with a staged epilogue, the pingpong schedule or split-K: within the
+    GPU's limits, no spills or stack, the launch bound's 168 registers (setmaxnreg then moves
+    them), and in the SASS what the design rests on: one HGMMA per m64 row block and k16 step of
+    a consumer, 16-byte stores of C (staged), the residual fetched by cp.async, the ticket taken
+    by an atomic (split-K)."""
+    from collections import Counter
+    from aicg.matrix import build
+    real = space.realisation("wgmma", "bfloat16", "k", "k", epilogue, **space.templates()["wgmma"].tried[i])
+    k = real.settings
+    assert RULES["wgmma"].violations(real, hopper) == []
+    built = build.compile_realisation(real, "sm_90a")
+    assert build.healthy(built) == [], built.report
+    assert built.report["registers"] == 168
+    ops = Counter(x.opcode for x in sass.parse(sass.disassemble(built.cubin))[0])
+    consumer_rows = k["block_m"] if k["schedule"] == "pingpong" else k["block_m"] // 2
+    assert sum(n for op, n in ops.items() if op.startswith("HGMMA")) == consumer_rows // 64 * 4
+    assert ops["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and ops["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1
+    assert not any(op.startswith(("LDL", "STL")) for op in ops)
+    if k["store"] == "staged":
+        chunks = consumer_rows * k["block_n"] // 8 // 128      # 16-byte chunks a consumer thread stores
+        assert ops["STG.E.128"] == chunks
+        if epilogue.residual:
+            assert ops["LDGSTS.E.BYPASS.128.ZFILL"] >= chunks
+    assert (ops["ATOMG.E.ADD.STRONG.GPU"] == 1) == (k["split_k"] > 1)

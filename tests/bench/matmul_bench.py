@@ -5,8 +5,14 @@ torch.compile(mode="max-autotune"); print a compact table last and write the ful
 
     python tests/bench/matmul_bench.py --json matmul.json [--quick] [--compile]
         [--stages tiny,ragged,square,fused,grid] [--grid-m 1,16,128,1024,4096,16384]
-        [--grid-nk 6144x4096,4096x4096,28672x4096,4096x14336] [--only NAME-SUBSTRING]
-        [--budget SECONDS] [--reps N] [--jobs N]
+        [--grid-nk 6144x4096,4096x4096,28672x4096,4096x14336] [--only SUBSTRING,...]
+        [--grid-all] [--budget SECONDS] [--reps N] [--jobs N]
+
+--only keeps the realisations whose name contains any of the comma-separated
+substrings (e.g. `--only _staged,pingpong,gemv` for the staged and pingpong
+realisations and the decode kernel); --grid-all times every valid K-major
+realisation left on every grid shape instead of the best two of the square
+stage (split-K ones only where the tiles alone leave SMs idle).
 
 Stages, in order (each reports and goes on when a kernel fails to compile, faults, hangs
 or computes a wrong result: every case runs in a worker process of its own, see
@@ -19,8 +25,9 @@ aicg/matrix/worker.py):
   fused   8192 x 4096 x 4096 bf16 with bias + GELU (erf) + residual, against eager
           PyTorch, F.linear with its bias (cuBLASLt epilogue) and torch.compile
   grid    M x (N, K) of Llama-3-8B's projections (F.linear weights), the best square
-          realisations and, for M <= 16, the decode kernel; the decode rows against the
-          copy bandwidth measured in this run
+          realisations (or, with --grid-all, every one) and, for M <= 16, the decode kernel;
+          each case's ratio to cuBLAS printed as it comes, the decode rows against the copy
+          bandwidth measured in this run
 The target is the GPU present (its compute capability picks the realisations). Every
 case's result is appended to the JSON as it comes, so a run stopped midway keeps what
 it measured.
@@ -102,6 +109,19 @@ def realisations(compute_capability, limits: GpuLimits) -> list[Realisation]:
         add(template, "bfloat16", "k", "k", FUSED_EPILOGUE, tried[0])
     add("wgmma", "bfloat16", "k", "k", FUSED_EPILOGUE, tpls["wgmma"].tried[1])
     add("wgmma", "bfloat16", "k", "k", Epilogue("gelu_tanh", bias=True, residual=True), tpls["wgmma"].tried[1])
+    # the fused case on every setting that does not split K (it has tiles enough), and the staged
+    # epilogue and the pingpong schedule over every layout, dtype and epilogue once
+    for knobs in tpls["wgmma"].tried:
+        if knobs["split_k"] == 1:
+            add("wgmma", "bfloat16", "k", "k", FUSED_EPILOGUE, knobs)
+    for knobs in [k for k in tpls["wgmma"].tried if k["store"] == "staged"][:1] + \
+            [k for k in tpls["wgmma"].tried if k["schedule"] == "pingpong"][:1] + \
+            [k for k in tpls["wgmma"].tried if k["split_k"] > 1][:1]:
+        add("wgmma", "bfloat16", "mn", "k", plain, knobs)
+        add("wgmma", "bfloat16", "mn", "mn", plain, knobs)
+        add("wgmma", "float16", "k", "mn", Epilogue("gelu_tanh", bias=True), knobs)
+        add("wgmma", "bfloat16", "k", "k", Epilogue("silu", residual=True), knobs)
+        add("wgmma", "bfloat16", "k", "k", FUSED_EPILOGUE, knobs)
     unaligned = [k for k in tpls["mma"].tried if not k["aligned"]]
     for knobs in unaligned:
         add("mma", "bfloat16", "k", "k", plain, knobs)
@@ -111,6 +131,13 @@ def realisations(compute_capability, limits: GpuLimits) -> list[Realisation]:
     add("gemv", "float16", "k", "k", Epilogue("gelu_tanh", bias=True, residual=True), tpls["gemv"].tried[0])
     add("gemv", "bfloat16", "k", "k", FUSED_EPILOGUE, tpls["gemv"].tried[0])
     return found
+
+
+def selected(name: str, only: str) -> bool:
+    """Whether --only keeps the realisation `name`: no filter, or a name containing any of its
+    comma-separated substrings."""
+    wanted = [w for w in only.split(",") if w]
+    return not wanted or any(w in name for w in wanted)
 
 
 def _compile(real_dict: dict, arch: str) -> dict:
@@ -205,7 +232,7 @@ class Bench:
         self.info = info
         self.limits, self.record = device.limits()
         self.cc = tuple(info.compute_capability)
-        reals = [r for r in realisations(self.cc, self.limits) if not args.only or args.only in r.name]
+        reals = [r for r in realisations(self.cc, self.limits) if selected(r.name, args.only)]
         self.arch = build.arch_for(reals[0], self.cc) if reals else f"sm_{self.cc[0]}{self.cc[1]}"
         print(f"{info.name} (sm_{self.cc[0]}{self.cc[1]}, {info.sm_count} SMs); {len(reals)} realisations for "
               f"{self.arch}; hwdb entry: {self.record.target if self.record else 'none (limits from the driver)'}",
@@ -322,20 +349,37 @@ class Bench:
                 best = (r["timing"]["tflops"], real.name)
         for p in peers.fused_results:
             self.row("fused", problem, best, p)
+            if best and p.get("tflops"):
+                print(f"  -> {best[1]} {best[0]:.1f} TFLOP/s against {p['name']} {p['tflops']:.1f}: "
+                      f"{best[0] / p['tflops']:.3f}x", flush=True)
 
-    def grid(self, peers):
-        print("== LLM grid (F.linear weights)", flush=True)
-        copy = peers.copy_bandwidth()
-        self.recorder.peer("grid", copy)
-        print(f"  copy bandwidth {copy['bytes_per_second'] / 1e12:.2f} TB/s (read + write)", flush=True)
+    def grid_candidates(self) -> list[Realisation]:
+        """The realisations timed on the grid's larger M: every valid one (--grid-all), else the
+        best --grid-candidates of the square stage."""
+        if self.args.grid_all:
+            return self.candidates("wgmma", "k", "k") + self.candidates("mma", "k", "k")
         ranked = sorted(self.square_results.get((8192, "k"), []) + self.square_results.get((4096, "k"), []),
                         key=lambda t: -t[0])
         tops = []
         for _, real in ranked:
             if real not in tops:
                 tops.append(real)
-        tops = tops[:self.args.grid_candidates] or self.candidates("wgmma", "k", "k")[:1] or \
+        return tops[:self.args.grid_candidates] or self.candidates("wgmma", "k", "k")[:1] or \
             self.candidates("mma", "k", "k")[:1]
+
+    def worth_timing(self, real: Realisation, problem: Problem) -> bool:
+        """Split-K pays only where a problem's tiles leave SMs idle; elsewhere it only adds the
+        partial sums' traffic (and its workspace grows with M)."""
+        if real.template == "wgmma" and real.knob("split_k") > 1:
+            return RULES["wgmma"].work(real, problem).tiles < self.info.sm_count
+        return True
+
+    def grid(self, peers):
+        print("== LLM grid (F.linear weights)", flush=True)
+        copy = peers.copy_bandwidth()
+        self.recorder.peer("grid", copy)
+        print(f"  copy bandwidth {copy['bytes_per_second'] / 1e12:.2f} TB/s (read + write)", flush=True)
+        tops = self.grid_candidates()
         decode = self.candidates("gemv", "k", "k")
         ratios = []
         for n, k in self.args.grid_nk:
@@ -349,12 +393,19 @@ class Bench:
                 self.recorder.peer("grid", peer)
                 best = None
                 for real in tops + (decode if m <= 16 else []):
+                    if not self.worth_timing(real, problem):
+                        continue
                     r = self.run("grid", real, problem, self.args.reps)
                     if "timing" in r and (best is None or r["timing"]["tflops"] > best[0]):
                         best = (r["timing"]["tflops"], real.name, r["timing"]["median_seconds"])
-                row = self.row("grid", problem, best, peer)
+                self.row("grid", problem, best, peer)
                 if best and peer.get("tflops"):
                     ratios.append((m, n, k, best[0] / peer["tflops"], best[2]))
+                    line = (f"  -> {problem.name}: {best[1]} {best[0]:.1f} TFLOP/s, cuBLAS {peer['tflops']:.1f}, "
+                            f"ratio {best[0] / peer['tflops']:.3f}")
+                    if m <= 16:
+                        line += f"; weight read at {n * k * 2 / best[2] / copy['bytes_per_second'] * 100:.0f}% of copy"
+                    print(line, flush=True)
         self.summary(ratios, copy)
 
     def summary(self, ratios, copy):
@@ -493,7 +544,10 @@ def parse(argv=None):
     p.add_argument("--grid-m", default=",".join(map(str, GRID_M)))
     p.add_argument("--grid-nk", default=",".join(f"{n}x{k}" for n, k in GRID_NK))
     p.add_argument("--grid-candidates", type=int, default=2, help="best square realisations timed on the grid")
-    p.add_argument("--only", default="", help="only realisations whose name contains this")
+    p.add_argument("--grid-all", action="store_true",
+                   help="time every valid K-major realisation on the grid (not only the best of the square stage)")
+    p.add_argument("--only", default="",
+                   help="only realisations whose name contains one of these comma-separated substrings")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(mode='max-autotune')")
     p.add_argument("--quick", action="store_true", help="tiny and ragged stages, 5 repetitions")
     p.add_argument("--reps", type=int, default=20)
