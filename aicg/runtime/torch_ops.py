@@ -23,11 +23,17 @@ dispatcher costs more host time than the launch. Otherwise, and always within
 torch.compile, it calls the registered operator. Other arrays (CuPy, DLPack) go to the
 kernels as before.
 
-Gradients: the forward runs the instance's kernel; the backward is PyTorch's own formula
-for the operator, written with differentiable PyTorch operations in float32 (float64 for
-float64 tensors) and cast to each input's dtype. The instance has no backward kernels
-yet, so the backward is neither generated nor validated by aicg. `out=` is not
-differentiable: a call with out= while an input requires grad raises RuntimeError.
+Gradients: the forward runs the instance's kernel. softmax, log_softmax, rmsnorm and
+layernorm have backward kernels (aicg/backward/: generated, compiled on first use and
+validated on the device against float64 before their first launch), called through one
+more custom operator per operator, `<op>_backward`, so that torch.compile traces the
+backward too. Where the instance cannot serve a backward call with kernels (no legal
+backward family at its preservation level, tensors off the GPU, a kernel not validated on
+this GPU, an instance loaded with jit=False; `inst.backward.declined` says which), and for
+every other operator, the backward is PyTorch's own formula in float32 (float64 for
+float64 tensors), cast to each input's dtype; so is a backward that builds a graph itself
+(create_graph=True: a second derivative). `out=` is not differentiable: a call with out=
+while an input requires grad raises RuntimeError.
 """
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ import re
 import sys
 import tomllib
 
+from ..backward.ops import BY_FORWARD as KERNEL_BACKWARDS
+from ..backward.runtime import Backward
 from ..ops import OPERATORS, Operator
 from . import arrays
 
@@ -84,9 +92,15 @@ def docstring(instance, name: str, namespace: str | None) -> str:
               f"Returns {out_shape}, x's dtype; every input in x's dtype and on x's GPU."]
     if namespace:
         lines += ["", f"PyTorch: torch.ops.{namespace}.{name}, and {name}_out for out=; torch.compile traces it and "
-                      f"CUDA graphs capture it. Gradients come from PyTorch's formula for {name} (no backward "
-                      f"kernel yet)."]
+                      f"CUDA graphs capture it. " + _gradients_doc(namespace, name)]
     return "\n".join(lines)
+
+
+def _gradients_doc(namespace: str, name: str) -> str:
+    if name in KERNEL_BACKWARDS:
+        return (f"Gradients come from the instance's backward kernels (torch.ops.{namespace}.{name}_backward), "
+                f"PyTorch's formula where it has none for a call (inst.backward.declined says why).")
+    return f"Gradients come from PyTorch's formula for {name} (no backward kernel)."
 
 
 def _namespace(instance) -> str:
@@ -108,6 +122,7 @@ def attach(instance) -> str | None:
     PyTorch where PyTorch is installed; returns the PyTorch namespace, or None without PyTorch."""
     namespace = None
     registered: dict[str, tuple] = {}
+    instance.backward = Backward(instance)
     if torch_installed():
         try:
             import torch  # noqa: F401
@@ -256,7 +271,15 @@ def _register(instance, namespace: str, name: str) -> tuple:
         ctx.dtypes = tuple(t.dtype for t in inputs)
         ctx.save_for_backward(*save(inputs, output))
 
+    with_kernels = _register_backward(instance, namespace, name) if name in KERNEL_BACKWARDS else None
+
     def grads(ctx, grad):
+        if with_kernels is not None and not torch.is_grad_enabled():   # no graph of the backward wanted
+            wanted = ctx.needs_input_grad
+            found = with_kernels(grad, *ctx.saved_tensors, **ctx.scalars,
+                                 **({"weight_grads": any(wanted[1:])} if len(wanted) > 1 else {}))
+            found = found if isinstance(found, tuple) else (found,)
+            return tuple(g if need else None for g, need in zip(found, wanted))
         found = backward(grad, *ctx.saved_tensors, shape=ctx.shape, **ctx.scalars)
         return tuple(g.to(dtype) for g, dtype in zip(found, ctx.dtypes))
 
@@ -266,6 +289,46 @@ def _register(instance, namespace: str, name: str) -> tuple:
     with_out.register_fake(fake_out)
     ops = getattr(torch.ops, namespace)
     return getattr(ops, name).default, getattr(ops, f"{name}_out").default
+
+
+def backward_schema(op: Operator) -> str:
+    """`<op>_backward`: the output's gradient and what the forward saved in; the gradients of x and
+    (with weight_grads; empty otherwise) of the vectors out."""
+    saved = KERNEL_BACKWARDS[op.name]
+    tensors = ", ".join(f"Tensor {n}" for n in ("g", saved.saved, *saved.vectors))
+    scalars = [f"float {name}" for name, _ in op.scalars] + (["bool weight_grads"] if op.vectors else [])
+    results = ", ".join(["Tensor"] * (1 + len(op.vectors)))
+    return f"({tensors}{', *, ' + ', '.join(scalars) if scalars else ''}) -> " + (f"({results})" if op.vectors else "Tensor")
+
+
+def _register_backward(instance, namespace: str, name: str):
+    """Register `<name>_backward`: the instance's backward kernels, PyTorch's formula where they
+    decline a call (aicg/backward/runtime.py); returns its OpOverload."""
+    import torch
+    op = OPERATORS[name]
+    formula = BACKWARD[name][1]
+    column_outputs = KERNEL_BACKWARDS[name].column_outputs    # w's (and b's) gradients, in w's dtype
+
+    def run(g, saved, *vectors, weight_grads: bool = False, **scalars):
+        found = instance.backward(name, g, saved, *vectors, **scalars, weight_grads=weight_grads)
+        if found is None:
+            wide = formula(g, saved, *vectors, shape=tuple(saved.shape), **scalars)
+            found = (wide[0].to(saved.dtype), *(t.to(vectors[0].dtype) for t in wide[1:]))
+        if not column_outputs:
+            return found[0]
+        return (found[0], *(t if weight_grads else vectors[0].new_empty(0) for t in found[1:]))
+
+    def fake(g, saved, *vectors, weight_grads: bool = False, **scalars):
+        dx = saved.new_empty(saved.shape)
+        if not column_outputs:
+            return dx
+        cols = saved.shape[-1] if weight_grads else 0
+        return (dx, *(vectors[0].new_empty(cols) for _ in column_outputs))
+
+    backward_op = torch.library.custom_op(f"{namespace}::{name}_backward", run, mutates_args=(),
+                                          schema=backward_schema(op))
+    backward_op.register_fake(fake)
+    return getattr(getattr(torch.ops, namespace), f"{name}_backward").default
 
 
 # --- backward: PyTorch's formulas, in float32 or wider -------------------------------------

@@ -1,0 +1,166 @@
+"""An instance's backward kernels, made on first use and validated before their first launch.
+
+The instance's planning snapshot (source/: profile, rule sets, hwdb entry) decides what is legal
+(aicg/backward/space.py) and how strictly a kernel is checked; the templates are aicg's own
+(kernels/backward/, which an instance does not carry). For an (operator, dtype, row length), the
+candidates of the ladder that are legal and keep the profile's bound are tried in order:
+
+- compiled with NVRTC for the target, or taken from the instance's cache
+  (jit/backward/<compile key>.cubin, its digest checked on every read); one that spills is passed over;
+- validated on the device against float64 (aicg/backward/check.py, in a worker process), once per
+  GPU, on the build's awkward shapes and the shape that first needed it; the outcome is kept beside
+  the cubin, so later processes skip it; one that fails is passed over;
+- the first that passes serves every later call at that row length. Where this machine's GPU is
+  not the target, a kernel stays unvalidated and serves only an instance loaded with
+  allow_unvalidated=True.
+
+With a signing key (aicg/trust.py) every record is signed beside it, and one without a good
+signature is made again. Every compilation and validation is reported with its time (`events`,
+and the "aicg.jit" logger).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import cas, digest, trust
+from . import build, check
+from . import space as space_mod
+from .space import Candidate, Decision, Space
+
+log = logging.getLogger("aicg.jit")
+
+VALIDATION_ROWS = 256   # rows of the shape that first needed a kernel, checked beside the awkward shapes
+
+
+@dataclass(frozen=True)
+class Chosen:
+    candidate: Candidate
+    cubin: bytes
+    origin: str          # "jit cache" or "compiled"
+    validation: str      # "passed" or "unvalidated"
+
+
+@dataclass
+class BackwardJit:
+    instance_dir: Path
+    planning: object                       # aicg.planning.Planning of the instance's snapshot
+    signing_key: bytes | None = None
+    allow_unvalidated: bool = False
+    space: Space | None = None
+    events: list[dict] = field(default_factory=list)
+    _decisions: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.space is None:
+            self.space = space_mod.load(space_mod.SPACE_FILE, self.planning.rules)
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.instance_dir) / "jit" / "backward"
+
+    def decision(self, op: str, dtype: str) -> Decision:
+        if (op, dtype) not in self._decisions:
+            prof = self.planning.prof
+            self._decisions[(op, dtype)] = space_mod.decide(self.space, self.planning.rules, prof.preservation,
+                                                            prof.choice, op, dtype)
+        return self._decisions[(op, dtype)]
+
+    def kernel_for(self, op: str, dtype: str, rows: int, cols: int) -> Chosen | str:
+        """The kernels for `op` in `dtype` on rows of `cols` (the column sums over `rows` rows), or
+        why there are none: no legal family, no candidate keeping the bound, or every one rejected."""
+        decision = self.decision(op, dtype)
+        if not decision.legal:
+            return f"no legal backward family: {decision.why_not()}"
+        prof = self.planning.prof
+        rtol = prof.preservation.tolerance[dtype][0]
+        found, passed_over = space_mod.candidates(self.space, decision, rtol,
+                                                  self.planning.rules.rounding.failure_probability, rows, cols)
+        rejected = list(passed_over)
+        for candidate in found:
+            chosen = self._usable(candidate, rows, cols, rejected)
+            if chosen is not None:    # kernels, or why this machine can validate none of them
+                return chosen
+        return "every candidate was passed over: " + ("; ".join(rejected) or "none serves these rows")
+
+    def _usable(self, candidate: Candidate, rows: int, cols: int, rejected: list[str]) -> Chosen | str | None:
+        """The candidate as kernels to run; None where it is passed over (noted in `rejected`); why
+        none can serve, where the candidate could not be validated here and the next could not either."""
+        hardware = self.planning.hardware
+        cubin, meta, origin = self._cached_or_compiled(candidate)
+        unhealthy = build.unhealthy(candidate, meta["resources"])
+        if unhealthy:
+            rejected.append(f"{candidate.id}: {'; '.join(unhealthy)}")
+            return None
+        status = meta["validation"].get(hardware.name)
+        if status is None:
+            began = time.perf_counter()
+            prof = self.planning.prof
+            tolerance = prof.preservation.tolerance[candidate.dtype]
+            shapes = check.check_shapes(self.space, candidate, tolerance[0],
+                                        self.planning.rules.rounding.failure_probability,
+                                        (min(rows, VALIDATION_ROWS), cols))
+            report = check.validate_on_device(cubin, candidate, hardware, tolerance=tolerance,
+                                              deterministic=prof.preservation.axes["deterministic"],
+                                              check_shapes=shapes, trials=prof.validation_trials)
+            status, reason = report["status"], check.why_failed(report)
+            if status in ("passed", "failed"):     # "unvalidated" (not the target GPU) is no outcome to keep
+                meta["validation"][hardware.name] = status
+                self._write_record(self.cache_dir / f"{meta['key']}.json", meta)
+            self.events.append({"op": candidate.op, "dtype": candidate.dtype, "shape": [rows, cols],
+                                "candidate": candidate.id, "validated": status,
+                                "seconds": time.perf_counter() - began, **({"reason": reason} if reason else {})})
+            log.info("aicg: validated %s for %dx%d: %s in %.2f s%s", candidate.id, rows, cols, status,
+                     self.events[-1]["seconds"], f" ({reason})" if reason else "")
+            if status == "unvalidated" and not self.allow_unvalidated:
+                return (f"{candidate.id} is not validated: {reason} (an instance loaded with allow_unvalidated=True "
+                        f"runs it anyway)")
+        if status == "failed":
+            rejected.append(f"{candidate.id}: failed its validation on this GPU")
+            return None
+        return Chosen(candidate, cubin, origin, status)
+
+    # --- the cache -------------------------------------------------------------------------
+
+    def _read_record(self, path: Path) -> dict | None:
+        try:
+            data = path.read_bytes()
+            record = json.loads(data)
+        except (OSError, ValueError):
+            return None
+        if self.signing_key is not None and not trust.signed_by(path, data, self.signing_key):
+            log.warning("aicg: %s is not signed with the configured key; it is made again", path)
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _write_record(self, path: Path, record: dict) -> None:
+        data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
+        cas.write_atomic(path, data)
+        trust.write_signature(path, data, self.signing_key, cas.write_atomic)
+
+    def _cached_or_compiled(self, candidate: Candidate) -> tuple[bytes, dict, str]:
+        arch = self.planning.hardware.arch
+        key = build.compile_key(self.space, candidate, arch)
+        meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
+        meta = self._read_record(meta_path)
+        if meta is not None and cubin_path.is_file():
+            cubin = cubin_path.read_bytes()
+            if (digest.of_bytes(cubin) == meta.get("cubin_digest") and isinstance(meta.get("validation"), dict)
+                    and isinstance(meta.get("resources"), dict)):
+                return cubin, meta, "jit cache"
+            log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
+        began = time.perf_counter()
+        cubin, resources, _ = build.compile_candidate(self.space, candidate, arch)
+        seconds = time.perf_counter() - began
+        meta = {"key": key, "candidate": candidate.as_record(), "id": candidate.id, "arch": arch,
+                "cubin_digest": digest.of_bytes(cubin), "resources": resources, "compile_seconds": seconds,
+                "validation": {}}
+        cas.write_atomic(cubin_path, cubin)
+        self._write_record(meta_path, meta)
+        self.events.append({"op": candidate.op, "dtype": candidate.dtype, "candidate": candidate.id, "compiled": True,
+                            "seconds": seconds})
+        log.info("aicg: compiled %s in %.2f s", candidate.id, seconds)
+        return cubin, meta, "compiled"

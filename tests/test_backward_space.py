@@ -1,0 +1,134 @@
+"""The backward families (aicg/backward/families.toml): loaded strictly, decided by the legality
+engine with the instance's rule sets (the reduction-order rules apply: no tree of a sum where the
+profile asks for the reference order, only fixed orders where it asks for determinism), and the
+candidates a shape takes. CPU only."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from aicg import profile
+from aicg.backward import space
+from aicg.backward.ops import BACKWARD_OPS
+from aicg.semantics import ruleset as ruleset_mod
+
+OPS = tuple(BACKWARD_OPS)
+
+
+@pytest.fixture(scope="module")
+def shipped_space(shipped_ruleset):
+    return space.load(space.SPACE_FILE, shipped_ruleset)
+
+
+def _profile(repo, shipped_ruleset, name: str):
+    return profile.load(repo / f"rulesets/profiles/{name}.toml", shipped_ruleset, repo / "hwdb")
+
+
+def _decide(shipped_space, ruleset, prof, op, dtype="float32"):
+    return space.decide(shipped_space, ruleset, prof.preservation, prof.choice, op, dtype)
+
+
+def test_every_backward_operator_is_stated_with_its_parts(shipped_space):
+    assert set(shipped_space.parts) == set(OPS)
+    for op, parts in shipped_space.parts.items():
+        assert parts == (("rows", "columns") if BACKWARD_OPS[op].column_outputs else ("rows",))
+        assert [f.name for f in shipped_space.families_of(op)] == [f"{op}_rows"]
+    columns = shipped_space.families_of(space.COLUMN_OP)
+    assert [f.totals for f in columns] == ["aicg::column_totals"]
+    for family in shipped_space.families.values():
+        assert family.ladder[-1].cols is None          # the last entry serves every longer row
+        limits = [r.cols for r in family.ladder if r.cols is not None]
+        assert limits == sorted(limits) and [r.cols for r in family.ladder[len(limits):]] == [None] * (
+            len(family.ladder) - len(limits))
+
+
+@pytest.mark.parametrize("preset", ["default", "deterministic", "fast"])
+def test_every_backward_is_legal_where_fixed_orders_are_and_every_legal_family_is_deterministic(
+        repo, shipped_ruleset, shipped_space, preset):
+    prof = _profile(repo, shipped_ruleset, preset)
+    for op in OPS:
+        for dtype in ("float32", "bfloat16", "float16"):
+            decision = _decide(shipped_space, shipped_ruleset, prof, op, dtype)
+            assert decision.legal, decision.why_not()
+            for part in decision.parts.values():
+                for family in part.legal_families():
+                    assert all(shipped_ruleset.rules[r].deterministic for r in shipped_space.families[family].rules)
+
+
+def test_under_the_reference_order_no_tree_is_legal_and_the_engine_says_why(repo, shipped_ruleset, shipped_space):
+    prof = _profile(repo, shipped_ruleset, "bitwise")
+    for op in OPS:
+        decision = _decide(shipped_space, shipped_ruleset, prof, op)
+        assert not decision.legal
+        facts = decision.parts["rows"].rules["tree_reduction"].blocking()
+        assert [(f.kind, f["axis"], f["value"]) for f in facts] == [("axis", "order", "reference")]
+        assert "tree_reduction" in decision.why_not() and "associative in real arithmetic only" in decision.why_not()
+        if "columns" in decision.parts:
+            assert not decision.parts["columns"].rules["split_reduction"].legal
+
+
+def test_a_forbidden_rule_takes_away_exactly_the_families_and_candidates_using_it(rules_dir, repo, edit):
+    profile_path = rules_dir / "profiles/default.toml"
+    edit(profile_path, "forbid = []", 'forbid = ["split_reduction", "register_staging"]')
+    ruleset = ruleset_mod.load(rules_dir)
+    prof = profile.load(profile_path, ruleset, repo / "hwdb")
+    backward = space.load(space.SPACE_FILE, ruleset)
+    norm = _decide(backward, ruleset, prof, "rmsnorm_backward")
+    assert not norm.legal and "split_reduction" in norm.why_not()       # its weight's gradient: no column family
+    softmax = _decide(backward, ruleset, prof, "softmax_backward")
+    assert softmax.legal
+    found, passed_over = space.candidates(backward, softmax, 1e-5, 1e-6, 64, 1000)
+    assert [c.rows["cache_packs"] for c in found] == [0]           # only the streaming rung is left
+    assert passed_over and all("not legal" in why for why in passed_over)
+
+
+def test_candidates_follow_the_ladder_and_the_bound(repo, shipped_ruleset, shipped_space):
+    prof = _profile(repo, shipped_ruleset, "default")
+    decision = _decide(shipped_space, shipped_ruleset, prof, "layernorm_backward")
+    found, passed_over = space.candidates(shipped_space, decision, 1e-5, 1e-6, 4096, 1000)
+    assert not passed_over
+    assert [c.rows["topology"] for c in found][:1] == ["block"]
+    assert all(c.columns_family == "column_sum_two_pass" and c.columns for c in found)
+    assert len({c.id for c in found}) == len(found)
+    short, _ = space.candidates(shipped_space, decision, 1e-5, 1e-6, 4096, 7)
+    assert short[0].rows["topology"] == "lanes4" and short[0].columns["col_lanes"] == 8
+    # float32 rows of 65536: the ladder's block keeps rtol 1e-5 on rmsnorm's gradient only to 47104
+    rms = _decide(shipped_space, shipped_ruleset, prof, "rmsnorm_backward")
+    found, passed_over = space.candidates(shipped_space, rms, 1e-5, 1e-6, 64, 65536)
+    assert found == [] and "rows of at most" in passed_over[0]
+    found, _ = space.candidates(shipped_space, _decide(shipped_space, shipped_ruleset, prof, "rmsnorm_backward",
+                                                       "bfloat16"), 1.6e-2, 1e-6, 64, 65536)
+    assert found
+    record = found[0].as_record()
+    assert space.Candidate.from_record(record) == found[0]
+
+
+def test_chunking_keeps_at_most_max_chunks(shipped_space):
+    family = shipped_space.families["column_sum_two_pass"]
+    params = family.ladder[-1].params
+    assert space.chunking(family, params, 1) == (params["chunk_rows"], 1)
+    assert space.chunking(family, params, 10 * params["chunk_rows"] + 1) == (params["chunk_rows"], 11)
+    chunk, chunks = space.chunking(family, params, 10**7)
+    assert chunks <= family.max_chunks and chunk * chunks >= 10**7
+
+
+@pytest.mark.parametrize("old, new, key, expected", [
+    ('topology = "lanes4"', 'topology = "cluster4"', "ladders.rows.entries[0].topology", "one of warp, block"),
+    ('{ threads = 512, topology = "block", vec_bytes = 16, cache_packs = 0 }',
+     '{ cols = 9999, threads = 512, topology = "block", vec_bytes = 16, cache_packs = 0 }',
+     "ladders.rows.entries[6].cols", "no key in the last entry"),
+    ('rules = ["split_reduction"]', 'rules = ["split_reductions"]', "families.column_sum_two_pass.rules", "one of"),
+    ('reductions = ["sum"]\nfunctions = ["exp"]', 'reductions = ["sums"]\nfunctions = ["exp"]',
+     "ops.log_softmax_backward.reductions", "one of"),
+    ("max_chunks = 1024", "max_chunks = 70000", "families.column_sum_two_pass.max_chunks", "an integer from 1 to 65535"),
+    ('col_lanes = 8, vec_bytes = 16', 'col_lanes = 12, vec_bytes = 16', "ladders.columns.entries[0].col_lanes",
+     "one of 8, 16, 32"),
+    ('parts = ["rows", "columns"]\n\n[ops.layernorm_backward]', 'parts = ["rows"]\n\n[ops.layernorm_backward]',
+     "ops.rmsnorm_backward.parts", "'columns' exactly where"),
+])
+def test_a_wrong_space_file_names_its_key(tmp_path, shipped_ruleset, edit, raises_input_error, old, new, key, expected):
+    path = shutil.copy(space.SPACE_FILE, tmp_path / "families.toml")
+    edit(path, old, new)
+    with raises_input_error(path, key, expected):
+        space.load(path, shipped_ruleset)
