@@ -241,3 +241,18 @@ def test_staged_pingpong_and_split_settings_compile_to_their_design(i, epilogue,
         if epilogue.residual:
             assert ops["LDGSTS.E.BYPASS.128.ZFILL"] >= chunks
     assert (ops["ATOMG.E.ADD.STRONG.GPU"] == 1) == (k["split_k"] > 1)
+
+
+def test_a_clustered_release_is_no_fence(sass):
+    """A consumer frees a slot in both CTAs of a cluster in every K slice: the remote arrival is a
+    barrier operation alone, with no memory barrier before it (a GPU-wide MEMBAR there stalls
+    every consumer in every slice)."""
+    from aicg.matrix import build
+    knobs = next(k for k in space.templates()["wgmma"].tried if k["cluster_m"] == 2)
+    real = space.realisation("wgmma", "bfloat16", "k", "k", Epilogue(), **knobs)
+    ops = [x.opcode for x in sass.parse(sass.disassemble(build.compile_realisation(real, "sm_90a").cubin))[0]]
+    remote = [i for i, op in enumerate(ops) if op.startswith("SYNCS.ARRIVE.TRANS64.RED")]
+    first_mma = min(i for i, op in enumerate(ops) if op.startswith("HGMMA"))
+    assert remote and remote[-1] > first_mma
+    # the K loop and its releases hold no fence (the cluster's barriers at start and end keep theirs)
+    assert not any(op.startswith("MEMBAR") for op in ops[first_mma:remote[-1] + 1])

@@ -43,11 +43,17 @@ __device__ __forceinline__ void barrier_arrive(unsigned bar) {
 }
 
 // An arrival on the barrier at the same shared offset in CTA `cta` of this cluster.
+// The arrival keeps the instruction's default semantics (release at CTA scope),
+// as the local one does: what it announces is that this thread's wgmma reads of
+// a slot are complete (wgmma.wait_group returned), and a completed read needs no
+// fence to stay ahead of the peer's later copy into the slot. Spelled
+// `.release.cluster`, ptxas puts MEMBAR.ALL.GPU before it: a GPU-wide fence in
+// every K slice of every consumer, which stalled the clustered kernel.
 __device__ __forceinline__ void barrier_arrive_cluster(unsigned bar, unsigned cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}"
       : : "r"(bar), "r"(cta) : "memory");
 }
 
