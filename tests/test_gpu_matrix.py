@@ -31,14 +31,14 @@ DECODE_SHAPES = [(16, 128, 64), (1, 7, 64), (3, 520, 8), (16, 1000, 4096), (1, 4
 FUSED = Epilogue("gelu_erf", bias=True, residual=True)
 
 
-def _new_design(template: str, knobs: dict) -> str | None:
-    """Which of the wgmma kernel's later designs a setting uses (staged store, pingpong, split-K)."""
+def _new_design(template: str, knobs: dict) -> tuple | None:
+    """Which of the wgmma kernel's later designs a setting combines (staged store, pingpong,
+    split-K, each with or without a cluster); None for the first design."""
     if template != "wgmma":
         return None
-    for name, default in (("store", "direct"), ("schedule", "cooperative"), ("split_k", 1)):
-        if knobs[name] != default:
-            return f"{name}={knobs[name]}"
-    return None
+    found = tuple(name for name, default in (("store", "direct"), ("schedule", "cooperative"), ("split_k", 1))
+                  if knobs[name] != default)
+    return found + (("cluster",) if knobs["cluster_m"] > 1 else ()) if found else None
 
 
 def cases():

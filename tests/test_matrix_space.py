@@ -214,8 +214,8 @@ def sass(bench_module):
     return bench_module("sass")
 
 
-@pytest.mark.parametrize("i", NEW_WGMMA)
-@pytest.mark.parametrize("epilogue", [Epilogue(), FUSED], ids=lambda e: e.name)
+@pytest.mark.parametrize("i, epilogue", [(i, FUSED) for i in NEW_WGMMA] + [(NEW_WGMMA[0], Epilogue())],
+                         ids=lambda v: v.name if isinstance(v, Epilogue) else str(v))
 def test_staged_pingpong_and_split_settings_compile_to_their_design(i, epilogue, hopper, sass):
     """Every tried setting with a staged epilogue, the pingpong schedule or split-K: within the
     GPU's limits, no spills or stack, the launch bound's 168 registers (setmaxnreg then moves
