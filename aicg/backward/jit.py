@@ -81,14 +81,24 @@ class BackwardJit:
                                                   self.planning.rules.rounding.failure_probability, rows, cols)
         rejected = list(passed_over)
         for candidate in found:
-            chosen = self._usable(candidate, rows, cols, rejected)
+            chosen = self.kernels_of(candidate, rows, cols, rejected)
             if chosen is not None:    # kernels, or why this machine can validate none of them
                 return chosen
         return "every candidate was passed over: " + ("; ".join(rejected) or "none serves these rows")
 
-    def _usable(self, candidate: Candidate, rows: int, cols: int, rejected: list[str]) -> Chosen | str | None:
-        """The candidate as kernels to run; None where it is passed over (noted in `rejected`); why
-        none can serve, where the candidate could not be validated here and the next could not either."""
+    def candidates(self, op: str, dtype: str, rows: int, cols: int) -> list[Candidate]:
+        """The legal candidates keeping the bound at the shape, in the order kernel_for tries them."""
+        decision = self.decision(op, dtype)
+        if not decision.legal:
+            return []
+        return space_mod.candidates(self.space, decision, self.planning.prof.preservation.tolerance[dtype][0],
+                                    self.planning.rules.rounding.failure_probability, rows, cols)[0]
+
+    def kernels_of(self, candidate: Candidate, rows: int, cols: int,
+                   rejected: list[str] | None = None) -> Chosen | str | None:
+        """The candidate as kernels to run; None where it is passed over (why, in `rejected`); why
+        none can serve, where this machine cannot validate it (nor any other)."""
+        rejected = [] if rejected is None else rejected
         hardware = self.planning.hardware
         cubin, meta, origin = self._cached_or_compiled(candidate)
         unhealthy = build.unhealthy(candidate, meta["resources"])

@@ -20,7 +20,7 @@ from ..errors import CompileError
 from ..runtime import arrays, driver
 from . import codegen
 from .jit import BackwardJit
-from .ops import BY_FORWARD
+from .ops import BACKWARD_OPS, BY_FORWARD
 
 log = logging.getLogger("aicg.jit")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -86,34 +86,9 @@ class Backward:
         if isinstance(found, str):
             return self._decline(forward, dtype, cols, found)
         candidate, kernels = found
-        dx = saved.new_empty(saved.shape)
-        values = {"g": gv.ptr, op.saved: sv.ptr, "dx": dx.data_ptr(), "rows": rows, "cols": cols,
-                  "g_stride": gv.row_stride, f"{op.saved}_stride": sv.row_stride}
-        if "w" in op.vectors:
-            w = w.contiguous() if w.dtype == saved.dtype else w.to(saved.dtype).contiguous()
-            values["w"] = w.data_ptr()
-        values.update({name: float(eps if eps is not None else default) for name, default in op.scalars})
-        outputs: dict = {}
-        launches = [codegen.rows_launch(candidate, rows, cols)]
-        if op.column_outputs:
-            space = self._jit.space
-            floats = codegen.workspace_floats(space, candidate, rows, cols)
-            import torch
-            stats = saved.new_empty(floats["stats"], dtype=torch.float32)
-            values["stats"] = stats.data_ptr()
-            if wants_columns:
-                partials = saved.new_empty(floats["partials"], dtype=torch.float32)
-                outputs = {name: saved.new_empty(cols) for name in op.column_outputs}
-                values.update({"partials": partials.data_ptr(), **{n: t.data_ptr() for n, t in outputs.items()},
-                               **codegen.column_values(space, candidate, rows)})
-                launches += codegen.column_launches(space, candidate, rows, cols)
-        stream = arrays.current_stream(sv)
-        for launch in launches:
-            kernel = kernels[launch.entry]
-            kernel.launcher(launch.kinds())(launch.grid, (launch.block, 1, 1), launch.values(values), stream)
-        # the workspace is freed on return: PyTorch's allocator reuses it only for work queued after these launches
+        gradients = launch(self._jit.space, candidate, kernels, g, saved, w, eps=eps, weight_grads=weight_grads)
         self.served[(forward, dtype, rows, cols)] = candidate.id
-        return (dx, *(outputs.get(name) for name in op.column_outputs))
+        return gradients
 
     @staticmethod
     def _unsupported(saved, dtype: str) -> str | None:
@@ -155,9 +130,49 @@ class Backward:
     def _load(self, chosen, device: int) -> dict:
         key = (digest.of_bytes(chosen.cubin), device)
         if key not in self._loaded:
-            driver.use_primary_context(device)
-            self._loaded[key] = {entry: driver.Kernel(chosen.cubin, entry) for entry in codegen.entries(chosen.candidate)}
+            self._loaded[key] = load(chosen, device)
         return self._loaded[key]
+
+
+def load(chosen, device: int) -> dict:
+    """A chosen candidate's entries loaded on `device` (entry -> driver.Kernel)."""
+    driver.use_primary_context(device)
+    return {entry: driver.Kernel(chosen.cubin, entry) for entry in codegen.entries(chosen.candidate)}
+
+
+def launch(space, candidate, kernels: dict, g, saved, w=None, *, eps: float | None = None,
+           weight_grads: bool = False) -> tuple:
+    """The candidate's launches on PyTorch's current stream for CUDA tensors `g` and `saved` of one
+    shape and dtype (rows evenly apart, the last dimension contiguous), at least one row of at least
+    one element; returns (dx, *the vectors' gradients, None unless weight_grads)."""
+    import torch
+    op = BACKWARD_OPS[candidate.op]
+    gv, sv = arrays.view(g, "g"), arrays.view(saved, op.saved)
+    rows, cols = math.prod(sv.shape[:-1]), sv.shape[-1]
+    dx = saved.new_empty(saved.shape)
+    values = {"g": gv.ptr, op.saved: sv.ptr, "dx": dx.data_ptr(), "rows": rows, "cols": cols,
+              "g_stride": gv.row_stride, f"{op.saved}_stride": sv.row_stride}
+    if "w" in op.vectors:
+        w = w.contiguous() if w.dtype == saved.dtype else w.to(saved.dtype).contiguous()
+        values["w"] = w.data_ptr()
+    values.update({name: float(eps if eps is not None else default) for name, default in op.scalars})
+    outputs: dict = {}
+    launches = [codegen.rows_launch(candidate, rows, cols)]
+    if op.column_outputs:
+        floats = codegen.workspace_floats(space, candidate, rows, cols)
+        stats = saved.new_empty(floats["stats"], dtype=torch.float32)
+        values["stats"] = stats.data_ptr()
+        if weight_grads:
+            partials = saved.new_empty(floats["partials"], dtype=torch.float32)
+            outputs = {name: saved.new_empty(cols) for name in op.column_outputs}
+            values.update({"partials": partials.data_ptr(), **{n: t.data_ptr() for n, t in outputs.items()},
+                           **codegen.column_values(space, candidate, rows)})
+            launches += codegen.column_launches(space, candidate, rows, cols)
+    stream = arrays.current_stream(sv)
+    for each in launches:
+        kernels[each.entry].launcher(each.kinds())(each.grid, (each.block, 1, 1), each.values(values), stream)
+    # the workspace is freed on return: PyTorch's allocator reuses it only for work queued after these launches
+    return (dx, *(outputs.get(name) for name in op.column_outputs))
 
 
 def _rows_of(t):
