@@ -329,6 +329,8 @@ class Bench:
                 for real in self.candidates("wgmma", "k", b_major) + self.candidates("mma", "k", b_major):
                     if self.left() < 150:
                         break
+                    if not self.worth_timing(real, problem):
+                        continue
                     r = self.run("square", real, problem, self.args.reps)
                     if "timing" in r:
                         self.square_results.setdefault((size, b_major), []).append((r["timing"]["tflops"], real))
