@@ -346,6 +346,8 @@ class Bench:
             self.recorder.peer("fused", p)
         best = None
         for real in self.candidates("wgmma", "k", "k", FUSED_EPILOGUE) + self.candidates("mma", "k", "k", FUSED_EPILOGUE):
+            if not self.worth_timing(real, problem):
+                continue
             r = self.run("fused", real, problem, self.args.reps)
             if "timing" in r and (best is None or r["timing"]["tflops"] > best[0]):
                 best = (r["timing"]["tflops"], real.name)
