@@ -5,7 +5,8 @@ ragged shapes and a mid-size square, each case in a worker process of its own (a
 hang fails the case, not the session). The target is the device's compute capability; its
 limits come from the hwdb entry naming the device, or the driver.
 
-Skipped without a GPU; run on a GPU node with `pytest -m gpu tests/test_gpu_matrix.py`.
+Skipped without a GPU; run on a GPU node with `pytest -m gpu tests/test_gpu_matrix.py` (the wgmma
+kernel's later designs alone: `-k "staged or split_k"`).
 """
 from __future__ import annotations
 
@@ -51,15 +52,21 @@ def cases():
             seen.add(design)
             for a in tpl.a_layouts:
                 for b in tpl.b_layouts:
-                    # every setting with plain output in every layout; the first setting, and the first
-                    # of each later design, with every epilogue and both dtypes; the others of a later
-                    # design with the fused epilogue too
-                    if i == 0 or first_of_design:
-                        combos = [(d, e) for d in ("bfloat16", "float16") for e in EPILOGUES]
-                    elif design is not None and (a, b) == ("k", "k"):
-                        combos = [("bfloat16", Epilogue()), ("bfloat16", FUSED)]
-                    else:
+                    # the first setting: every epilogue and both dtypes in every layout; the first of each
+                    # later design: so in K-major layouts, the fused epilogue in MN-major ones, plain output
+                    # in the others; other settings of a later design: plain and fused K-major, plain
+                    # MN-major; the first design's other settings: plain output in every layout
+                    every = [(d, e) for d in ("bfloat16", "float16") for e in EPILOGUES]
+                    if i == 0:
+                        combos = every
+                    elif design is None:
                         combos = [("bfloat16", Epilogue())]
+                    elif (a, b) == ("k", "k"):
+                        combos = every if first_of_design else [("bfloat16", Epilogue()), ("bfloat16", FUSED)]
+                    elif (a, b) == ("mn", "mn"):
+                        combos = [("bfloat16", Epilogue())] + ([("bfloat16", FUSED)] if first_of_design else [])
+                    else:
+                        combos = [("bfloat16", Epilogue())] if first_of_design else []
                     for dtype, epilogue in combos:
                         found.append(space.realisation(template, dtype, a, b, epilogue, **knobs))
     return found
