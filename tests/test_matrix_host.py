@@ -323,7 +323,8 @@ def play_ring(stages: int, slices: list[int], pingpong: bool, turns: bool = True
     threads = [producer(), consumer(0), consumer(1)]
     waiting = {i: next(t) for i, t in enumerate(threads)}
     while waiting or landings:
-        ready = [("thread", i) for i, cond in waiting.items() if cond()] + [("landing", j) for j in range(len(landings))]
+        ready = [("thread", i) for i, cond in waiting.items() if cond()] + \
+            [("landing", j) for j in range(len(landings))]
         if not ready:
             return problems + ["deadlock"]
         kind, i = rng.choice(ready)

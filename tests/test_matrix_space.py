@@ -63,7 +63,8 @@ def test_realisation_names_are_unique_and_say_their_knobs():
              for k in space.knob_settings("wgmma") for a in ("k", "mn") for b in ("k", "mn")]
     names = {r.name for r in reals}
     assert len(names) == len(reals)
-    r = space.realisation("wgmma", "float16", "k", "mn", Epilogue("gelu_tanh", True, True), **space.templates()["wgmma"].tried[1])
+    r = space.realisation("wgmma", "float16", "k", "mn", Epilogue("gelu_tanh", True, True),
+                          **space.templates()["wgmma"].tried[1])
     assert r.name == "wgmma.f16.kmn.bm128_bn256_c2_g8_rm_coop_k1_s4_direct.bias+gelu_tanh+residual"
     assert space.Realisation.from_dict(r.as_dict()) == r
 
@@ -92,7 +93,8 @@ def test_realisation_rejects_layouts_dtypes_and_activations_it_does_not_take():
 
 def test_space_toml_errors_name_file_and_key(tmp_path, raises_input_error):
     path = tmp_path / "space.toml"
-    text = space.SPACE_FILE.read_text().replace("stages = [2, 3, 4, 5, 6, 7, 8]", "stages = [2, 3, 4, 5, 6, 7, 8]\ncolour = 3", 1)
+    stages = "stages = [2, 3, 4, 5, 6, 7, 8]"
+    text = space.SPACE_FILE.read_text().replace(stages, stages + "\ncolour = 3", 1)
     path.write_text(text)
     with pytest.raises(InputError) as err:
         space.templates(path)

@@ -159,7 +159,8 @@ class MatmulKernel:
         cu = _cu()
         g = prepared.geometry
         if prepared.config is not None:
-            driver.check(cu.cuLaunchKernelEx(prepared.config, self.kernel.function, ctypes.addressof(prepared.params), 0))
+            driver.check(cu.cuLaunchKernelEx(prepared.config, self.kernel.function,
+                                             ctypes.addressof(prepared.params), 0))
         else:
             driver.check(cu.cuLaunchKernel(self.kernel.function, *g.grid, *g.block, g.shared_bytes, stream,
                                            ctypes.addressof(prepared.params), 0))

@@ -223,8 +223,8 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   static_assert(SPLIT_K >= 1, "at least one part of K a tile");
   extern __shared__ __align__(128) unsigned char matrix_shared[];
   __shared__ __align__(8) unsigned long long full_barriers[STAGES], empty_barriers[STAGES];
-  __shared__ __align__(8) unsigned long long turn_barriers[Tile::CONSUMERS];   // pingpong: a consumer's K loop may start
-  __shared__ unsigned last_unit[Tile::CONSUMERS];                              // split-K: this unit completes its tile
+  __shared__ __align__(8) unsigned long long turn_barriers[Tile::CONSUMERS];   // pingpong: a K loop may start
+  __shared__ unsigned last_unit[Tile::CONSUMERS];                              // split-K: the unit ends its tile
 
   // The ring: slot s at ring + s * STAGE_BYTES, A first, then B; after it, a
   // staging buffer for each consumer (STORE_STAGED). The host asks for 1024
@@ -357,7 +357,8 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
 #pragma unroll
         for (int atom = 0; atom < Tile::M_ATOMS; ++atom) {
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) store_fragment(direct, frag_row0 + atom * 64, col0 + 8 * j, &acc[atom][4 * j]);
+          for (int j = 0; j < BN / 8; ++j)
+            store_fragment(direct, frag_row0 + atom * 64, col0 + 8 * j, &acc[atom][4 * j]);
         }
       }
     }

@@ -57,7 +57,9 @@ __device__ __forceinline__ void store_global_16(void* p, const uint4& v) {
                : : "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
-__device__ __forceinline__ bool aligned_16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15) == 0; }
+__device__ __forceinline__ bool aligned_16(const void* p) {
+  return (reinterpret_cast<unsigned long long>(p) & 15) == 0;
+}
 
 // One consumer warpgroup's ROWS x BN block. The accumulators are those of
 // wgmma m64nBNk16 for M_ATOMS = ROWS / 64 row blocks (wgmma_ops.cuh): for

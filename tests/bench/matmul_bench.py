@@ -345,7 +345,8 @@ class Bench:
         for p in peers.fused(problem):
             self.recorder.peer("fused", p)
         best = None
-        for real in self.candidates("wgmma", "k", "k", FUSED_EPILOGUE) + self.candidates("mma", "k", "k", FUSED_EPILOGUE):
+        reals = self.candidates("wgmma", "k", "k", FUSED_EPILOGUE) + self.candidates("mma", "k", "k", FUSED_EPILOGUE)
+        for real in reals:
             if not self.worth_timing(real, problem):
                 continue
             r = self.run("fused", real, problem, self.args.reps)

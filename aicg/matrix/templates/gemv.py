@@ -76,7 +76,8 @@ class GemvRules(TemplateRules):
     def blocks_per_sm_estimate(self, real: Realisation) -> int:
         """CTAs an SM holds at once by the register estimate (a launch asks the driver instead)."""
         threads = self.threads(real)
-        return max(1, min(RESIDENT_THREADS_PER_SM // threads, REGISTERS_PER_SM // (self.registers_estimate(real) * threads)))
+        by_registers = REGISTERS_PER_SM // (self.registers_estimate(real) * threads)
+        return max(1, min(RESIDENT_THREADS_PER_SM // threads, by_registers))
 
     def k_split(self, real: Realisation, problem: Problem, sm_count: int, blocks_per_sm: int | None = None) -> int:
         """K a split covers: as many splits as keep the grid within one wave of resident CTAs

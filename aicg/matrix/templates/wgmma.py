@@ -17,7 +17,8 @@ MAX_ACCUMULATORS = 128        # of the 232 registers a consumer thread gets
 # A split-K launch keeps every unit's fp32 partial tile; past this much scratch memory a problem
 # has tiles enough to fill the GPU without splitting K, and a realisation that splits is not for it.
 MAX_WORKSPACE_BYTES = 1 << 30
-SCHEDULE_CONSTANTS = {"cooperative": "aicg::matrix::SCHEDULE_COOPERATIVE", "pingpong": "aicg::matrix::SCHEDULE_PINGPONG"}
+SCHEDULE_CONSTANTS = {"cooperative": "aicg::matrix::SCHEDULE_COOPERATIVE",
+                      "pingpong": "aicg::matrix::SCHEDULE_PINGPONG"}
 STORE_CONSTANTS = {"direct": "aicg::matrix::STORE_DIRECT", "staged": "aicg::matrix::STORE_STAGED"}
 # The kernel template's defaults for its last parameters (schedule, store, split_k): a realisation
 # that keeps them is instantiated without them.
