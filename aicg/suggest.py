@@ -39,8 +39,8 @@ def did_you_mean(typed: str, known: Iterable[str]) -> str:
     return f"Did you mean {found}?" if found is not None and found != typed else ""
 
 
-def listing(typed: str, known: Iterable[str]) -> str:
-    """"one of: a, b, c" with the suggestion after it: the tail of an "expected" that refuses `typed`."""
-    names = sorted(set(known))
-    hint = did_you_mean(typed, names)
-    return f"one of: {', '.join(names)}" + (f"; {hint[0].lower()}{hint[1:]}" if hint else "")
+def hinted(error: Exception, hint: str) -> Exception:
+    """`error` with `hint` ("Did you mean X?") after its message, where there is one."""
+    if hint:
+        error.args = (f"{error.args[0]}. {hint}", *error.args[1:])
+    return error

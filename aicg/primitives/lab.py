@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cas, codegen, digest, nvrtc, occupancy, plan, plan_inputs
+from .. import cas, cli_progress, codegen, digest, nvrtc, occupancy, plan, plan_inputs
 from ..dtypes import DTYPES
 from ..ops import OPERATORS
 from ..runtime import driver
@@ -130,8 +130,13 @@ def compile_all(configs: list[Config], ruleset, kernels_dir, arch: str, register
             cubins[c.id] = stored
     if jobs:
         # forkserver: the caller may hold a CUDA context and threads, which a plain fork would copy
+        bar = cli_progress.Bar(len(jobs), "compiling realisations", unit="kernel")
+        compiled = {}
         with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=multiprocessing.get_context("forkserver")) as pool:
-            compiled = dict(pool.map(_compile, [job for job, _ in jobs.values()], chunksize=8))
+            for config_id, cubin in pool.map(_compile, [job for job, _ in jobs.values()], chunksize=8):
+                compiled[config_id] = cubin
+                bar.advance()
+        bar.close()
         for config_id, cubin in compiled.items():
             if store:
                 store.put_action(cas.ActionEntry(jobs[config_id][1], f"lab-compile:{config_id}",
@@ -243,6 +248,8 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
     rng = np.random.default_rng()
     records = []
     lengths = {c.id: (lengths or {}).get(c.id, row_lengths(c)) for c in configs}
+    bar = cli_progress.Bar(sum(len(n) for n in lengths.values()), "measuring", unit="item")
+    progress = cli_progress.lines_through(bar, progress)
     by_case: dict[tuple, list[Config]] = {}
     for c in configs:
         by_case.setdefault((c.op, c.dtype), []).append(c)
@@ -276,6 +283,7 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
                             records.append({"id": c.id, "family": c.family, "dtype": c.dtype, "params": c.params,
                                             "rows": rows, "cols": cols, "seconds": timing["median_seconds"],
                                             "bytes": timing["bytes"], "drift": drift, "bit_stable": stable})
+                        bar.advance(now=f"{c.id} at {cols}")
                 finally:
                     kernel.unload()
             for small, *_ in drift_cases.values():
@@ -291,4 +299,5 @@ def measure(configs: list[Config], cubins: dict[str, bytes], l2_bytes: int, prog
                          f"{best['bytes'] / best['seconds'] / 1e12:.2f} TB/s ({best['id']})")
             if keep is not None:
                 keep(records)
+    bar.close()
     return records

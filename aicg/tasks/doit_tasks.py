@@ -2,8 +2,9 @@
 
 `dodo.py` re-exports `task_instance` and `DOIT_CONFIG`. One creator yields
 every task (basename = step kind, name = subject), so the graph is computed
-once per load. Up-to-dateness is the steps' own (key and receipt, see
-step.py); doit's database is local bookkeeping only.
+once per load, or read from where the last load kept it (aicg/cli_graph.py).
+Up-to-dateness is the steps' own (key and receipt, see step.py); doit's
+database is local bookkeeping only.
 """
 from __future__ import annotations
 
@@ -15,15 +16,11 @@ from doit import get_var
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
-from .. import cas, plan_inputs
-from .. import target as targets
-from ..dtypes import DTYPES
+from .. import cas, cli_graph, cli_layout, cli_progress, cli_vars
 from ..errors import CompileError, DeviceError, InputChanged, InputError
-from ..primitives import realisation
-from ..semantics import accuracy, explain, explore, legality
-from . import graph, record_task, step as steps, summary
+from . import record_task, step as steps, summary
 
-DEFAULT_PROFILE = "rulesets/profiles/default.toml"
+DEFAULT_PROFILE = cli_vars.DEFAULT_PROFILE
 
 KIND_DOCS = {
     "hw": "resolve the target's hwdb entry (measured facts over datasheet)",
@@ -35,45 +32,57 @@ KIND_DOCS = {
     "select": "choose the fastest valid candidate per operator and dtype",
 }
 
-# What the reporter needs to print the summary of the instance being built.
+# What the reporter (and tasks defined elsewhere) read of the instance being built:
+# "instance" -> cli_graph.LoadedGraph (its attributes beyond the graph load the instance in full).
 _loaded: dict = {}
 
 
-def load() -> graph.Instance:
+def _notes(instance, root: Path) -> list[str]:
+    from .. import target as targets
+    from ..primitives import realisation
+    layout, prof = instance.layout, instance.profile
+    has_realisation = realisation.path_for(layout.hwdb, prof.target).exists()
+    shown = layout.hwdb.relative_to(root) if layout.hwdb.is_relative_to(root) else layout.hwdb
+    return targets.notes(instance.hardware, has_realisation, prof.prior, shown)
+
+
+def load() -> cli_graph.LoadedGraph:
     """The instance of profile=... (default: DEFAULT_PROFILE), for target=... (default: the
     profile's own; "auto": this machine's GPU; aicg/target.py)."""
     root = Path.cwd()
-    profile = Path(get_var("profile", DEFAULT_PROFILE))
-    recache = get_var("recache", "0") not in ("", "0")
     try:
-        instance = graph.load_instance(graph.Layout(root), profile, root / "build", recache=recache,
-                                       target=get_var("target", None))
+        cli_vars.check(cli_vars.given())
+        layout = cli_layout.resolve(root)
+        profile = cli_layout.profile_path(get_var("profile", DEFAULT_PROFILE), root)
+        recache = get_var("recache", "0") not in ("", "0")
+        loaded = cli_graph.load(layout, profile, get_var("target", None) or None, recache,
+                                lambda instance: _notes(instance, layout.root))
     except (InputError, CompileError) as err:
         raise InvalidDodoFile(str(err)) from None
-    _loaded["instance"] = instance
-    layout, prof = instance.layout, instance.profile
-    has_realisation = realisation.path_for(layout.hwdb, prof.target).exists()
-    for note in targets.notes(instance.hardware, has_realisation, prof.prior, layout.hwdb.relative_to(root)):
+    _loaded["instance"] = loaded
+    for note in loaded.notes:
         print(f"aicg: {note}", file=sys.stderr, flush=True)
-    return instance
+    return loaded
 
 
-def _action(step: steps.Step, env: steps.Env):
+def _action(name: str, loaded: cli_graph.LoadedGraph):
     try:
-        origin = steps.execute(step, env)
+        origin = steps.execute(loaded.step(name), loaded.env)
         return {"origin": origin if origin in ("local", "remote", "record") else "ran"}
-    except (InputError, CompileError, InputChanged, DeviceError) as err:
+    except (InputError, CompileError, InputChanged, DeviceError, cli_graph.GraphChanged) as err:
         return TaskFailed(str(err))
 
 
-def _task(step: steps.Step, env: steps.Env) -> dict:
+def _task(step: steps.Step, loaded: cli_graph.LoadedGraph, meta: dict) -> dict:
     basename, _, name = step.name.partition(":")
     task = {"basename": basename, "doc": step.doc,
-            "actions": [(_action, [step, env])],
-            "uptodate": [lambda: steps.is_fresh(step, env)],
-            "targets": [str(env.instance_dir / t) for t in step.targets] + [str(env.receipt_path(step.name))],
+            "actions": [(_action, [step.name, loaded])],
+            "uptodate": [lambda: loaded.is_fresh(step)],
+            "targets": [str(loaded.env.instance_dir / t) for t in step.targets]
+                       + [str(loaded.env.receipt_path(step.name))],
             "task_dep": list(step.upstream),
-            "clean": [(steps.clean, [step, env])]}
+            "clean": [(steps.clean, [step, loaded.env])],
+            "meta": meta}
     if name:
         task["name"] = name
     return task
@@ -82,37 +91,48 @@ def _task(step: steps.Step, env: steps.Env) -> dict:
 def task_instance():
     """Tasks of the compiler instance selected by profile=... (default: rulesets/profiles/default.toml)
     and target=... (default: the profile's)."""
-    instance = load()
+    loaded = load()
+    graph_meta = cli_vars.meta(cli_vars.of_task("build"))
     for kind, doc in KIND_DOCS.items():
-        yield {"basename": kind, "name": None, "doc": doc}
-    for step in instance.steps:
-        yield _task(step, instance.env)
-    yield {"basename": "build", "doc": f"build compiler instance {instance.name} into build/{instance.name}/ (default)",
-           "actions": None, "task_dep": ["package"]}
-    yield {"basename": "record", "doc": f"build {instance.name}, then write what this GPU validated to "
-                                        f"hwdb/{instance.hardware.target}.validations.jsonl",
-           "actions": [(record_task.run_record, [lambda: instance])], "task_dep": ["package"], "uptodate": [False],
-           "verbosity": 2}
+        yield {"basename": kind, "name": None, "doc": doc, "meta": graph_meta}
+    for step in loaded.steps:
+        yield _task(step, loaded, graph_meta)
+    yield {"basename": "build", "doc": f"build compiler instance {loaded.name} into build/{loaded.name}/ (default)",
+           "actions": None, "task_dep": ["package"], "meta": graph_meta}
+    yield {"basename": "record", "doc": f"build {loaded.name}, then write what this GPU validated to "
+                                        f"hwdb/{loaded.target}.validations.jsonl",
+           "actions": [(record_task.run_record, [loaded.full])], "task_dep": ["package"], "uptodate": [False],
+           "verbosity": 2, "meta": graph_meta}
     yield {"basename": "explain", "doc": "print why rules and families are legal or not: doit explain [op=..] [dtype=..] [profile=..]",
-           "actions": [(_explain, [instance])], "uptodate": [False], "verbosity": 2}
+           "actions": [(_explain, [loaded])], "uptodate": [False], "verbosity": 2,
+           "meta": cli_vars.meta(cli_vars.of_task("explain"))}
     # the page changes with the rule sets and with the code that renders them
-    rule_files = sorted(str(p) for p in instance.layout.rules.glob("*.toml"))
-    rule_files += [explore.__file__, legality.__file__, accuracy.__file__, graph.ruleset_loader.__file__]
+    rule_files = sorted(str(p) for p in loaded.layout.rules.glob("*.toml"))
+    rule_files += [str(cli_graph.AICG_DIR / "semantics" / m) for m in EXPLORER_CODE]
     yield {"basename": "explore", "doc": f"write the operator explorer page to {EXPLORER}",
-           "actions": [(_explore, [instance])], "file_dep": rule_files, "targets": [EXPLORER], "clean": True,
-           "verbosity": 2}
+           "actions": [(_explore, [loaded])], "file_dep": rule_files, "targets": [EXPLORER], "clean": True,
+           "verbosity": 2, "meta": graph_meta}
 
 
 EXPLORER = "build/explore/index.html"
+EXPLORER_CODE = ("explore.py", "legality.py", "accuracy.py", "ruleset.py")   # in aicg/semantics/
 REPORTS = {"explain", "explore"}
 
 
-def _explain(instance: graph.Instance):
+def _explain(loaded: cli_graph.LoadedGraph):
+    from .. import plan_inputs, suggest
+    from ..dtypes import DTYPES
+    from ..semantics import explain, legality
+    try:
+        instance = loaded.full()
+    except (InputError, CompileError, cli_graph.GraphChanged) as err:
+        return TaskFailed(str(err))
     rules, prof = instance.ruleset, instance.profile
     op_names = [get_var("op")] if get_var("op") else list(prof.workload)
     for name in op_names:
         if name not in rules.ops:
-            return TaskFailed(f"op={name}: expected an operator of the atlas (one of: {', '.join(rules.ops)})")
+            return TaskFailed(_hinted(f"op={name}: expected an operator of the atlas (one of: {', '.join(rules.ops)})",
+                                      suggest.did_you_mean(name, rules.ops)))
     manifest_path = instance.env.instance_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     kernels, synthesis = manifest.get("kernels", {}), manifest.get("synthesis", {})
@@ -121,7 +141,9 @@ def _explain(instance: graph.Instance):
         dtypes = [get_var("dtype")] if get_var("dtype") else list(in_workload)
         for dtype in dtypes:
             if dtype not in DTYPES or dtype not in prof.preservation.tolerance:
-                return TaskFailed(f"dtype={dtype}: expected one of {', '.join(DTYPES)}")
+                known = [d for d in DTYPES if d in prof.preservation.tolerance]
+                return TaskFailed(_hinted(f"dtype={dtype}: expected one of {', '.join(known)}",
+                                          suggest.did_you_mean(dtype, known)))
         decided = legality.decide_all(name, dtypes, rules, prof.preservation, prof.choice)
         chosen = {d: kernels.get(f"{name}.{d}") for d in dtypes}
         trajectories = {d: synthesis.get(f"{name}.{d}") for d in dtypes}
@@ -134,6 +156,10 @@ def _explain(instance: graph.Instance):
         print("\n".join(plan_inputs.describe(instance.plan_inputs)) + "\n")
 
 
+def _hinted(message: str, hint: str) -> str:
+    return f"{message}. {hint}" if hint else message
+
+
 def _rejection_text(r: dict) -> str:
     if r["by"] == "measured drift":
         return (f"rejected by measured drift: {r['rule']} in {r['family']} ({r['dtype']}): every realisation "
@@ -144,23 +170,50 @@ def _rejection_text(r: dict) -> str:
             f"shortest rows have {r['cols']} ({r['source']})")
 
 
-def _explore(instance: graph.Instance):
-    cas.write_atomic(Path(EXPLORER), explore.page(instance.ruleset).encode())
+def _explore(loaded: cli_graph.LoadedGraph):
+    from ..semantics import explore
+    try:
+        rules = loaded.full().ruleset
+    except (InputError, CompileError, cli_graph.GraphChanged) as err:
+        return TaskFailed(str(err))
+    cas.write_atomic(Path(EXPLORER), explore.page(rules).encode())
     print(f"wrote {EXPLORER}")
 
 
 class BuildReporter(ConsoleReporter):
-    """Prints each task that runs, then counts, then the instance summary."""
+    """Prints each task that runs (on a terminal: a bar of tasks done, elapsed and left
+    instead), then counts, then the instance summary."""
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
         self.origins: dict[str, list[str]] = {"ran": [], "local": [], "remote": [], "record": []}
         self.fresh: list[str] = []
+        self.bar = cli_progress.Bar(0, "aicg", stream=outstream)
+
+    def initialize(self, tasks, selected_tasks):
+        self.bar = cli_progress.Bar(len(_to_process(tasks, selected_tasks)), "aicg", stream=self.outstream)
 
     def execute_task(self, task):
-        if task.actions and task.name not in REPORTS:
+        if not task.actions or task.name in REPORTS:
+            return
+        if self.bar.drawn:
+            self.bar.show(task.name)
+            if task.verbosity == 2:   # it prints as it goes: the bar comes back when it is done
+                self.bar.clear()
+        else:
             self.write(f". {task.name}\n")
             self.outstream.flush()
+
+    def _done(self, task) -> None:
+        if task.actions:
+            self.bar.advance()
+
+    def add_failure(self, task, fail):
+        self._done(task)
+        super().add_failure(task, fail)
+
+    def skip_ignore(self, task):
+        self._done(task)
 
     @staticmethod
     def _is_step(task) -> bool:
@@ -168,17 +221,26 @@ class BuildReporter(ConsoleReporter):
         return bool(task.actions) and task.name not in REPORTS and task.name.split(":")[0] not in ("probe", "primitives")
 
     def add_success(self, task):
+        self._done(task)
         if self._is_step(task):
             self.origins[task.values.get("origin", "ran")].append(task.name)
 
     def skip_uptodate(self, task):
+        self._done(task)
         if self._is_step(task):
             self.fresh.append(task.name)
+
+    def write(self, text):
+        if self.bar.drawn:
+            self.bar.write(text)
+        else:
+            super().write(text)
 
     def _write_failure(self, result, write_exception=True):
         self.write(f"FAILED {result['task'].name}: {result['exception'].get_msg().strip()}\n")
 
     def complete_run(self):
+        self.bar.close()
         if self.runtime_errors:
             self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
         ran, local, remote, recorded = (self.origins[o] for o in ("ran", "local", "remote", "record"))
@@ -191,7 +253,7 @@ class BuildReporter(ConsoleReporter):
             self.write(f"aicg: {len(ran)} tasks ran ({compiled} kernels compiled), "
                        f"{len(local) + len(remote)} restored from cache ({len(local)} local, {len(remote)} remote), "
                        + (f"{len(recorded)} validations from the record, " if recorded else "")
-                       + f"{len(self.fresh)} up to date\n")
+                       + f"{len(self.fresh)} up to date, in {self.bar.elapsed():.1f} s\n")
         instance = _loaded.get("instance")
         if instance is None:
             return
@@ -203,7 +265,21 @@ class BuildReporter(ConsoleReporter):
             self.write(summary.table(json.loads(manifest_path.read_text())))
 
 
-def _record_build(instance: graph.Instance) -> None:
+def _to_process(tasks: dict, selected: list[str]) -> set[str]:
+    """The tasks with actions that running `selected` goes through: they and what they depend on."""
+    seen: set[str] = set()
+    todo = list(selected)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in tasks:
+            continue
+        seen.add(name)
+        task = tasks[name]
+        todo += list(task.task_dep) + list(task.setup_tasks)
+    return {n for n in seen if tasks[n].actions}
+
+
+def _record_build(instance: cli_graph.LoadedGraph) -> None:
     """Where each artifact came from (provenance.json beside the manifest, which
     stays bit-identical whatever its origin) and the store's counters."""
     env = instance.env

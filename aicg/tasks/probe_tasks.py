@@ -10,7 +10,9 @@ from an unchanged GPU. One ProbeGPU serves every probe of a run.
 """
 from __future__ import annotations
 
+import ast
 import datetime
+import importlib.util
 import math
 import sys
 import time
@@ -19,6 +21,7 @@ from pathlib import Path
 from doit import get_var
 from doit.exceptions import TaskFailed
 
+from .. import cli_vars
 from ..errors import CompileError, DeviceError, InputError
 from ..probe import record, registry
 
@@ -67,12 +70,22 @@ def run_probe(name: str, hwdb_dir: Path) -> dict:
     return {"hwdb": str(path), "changed": report.added + report.replaced}
 
 
+def _first_doc_line(name: str) -> str:
+    """The first line of probe `name`'s doc string, read from its source: importing a probe
+    loads the CUDA bindings, which `doit list` should not wait for."""
+    spec = importlib.util.find_spec(f"{registry.__package__}.{name}")
+    try:
+        doc = ast.get_docstring(ast.parse(Path(spec.origin).read_bytes())) if spec and spec.origin else None
+    except (OSError, SyntaxError, ValueError):
+        doc = None
+    return (doc or name).strip().splitlines()[0]
+
+
 def task_probe():
     """measure this node's GPU into hwdb/<gpu>.toml: doit probe (all) or doit probe:<name>"""
     hwdb_dir = Path.cwd() / "hwdb"
     for name in registry.ORDER:
-        doc = (registry.probe(name).__doc__ or name).strip().splitlines()[0]
-        yield {"name": name, "doc": doc, "actions": [(run_probe, [name, hwdb_dir])],
+        yield {"name": name, "doc": _first_doc_line(name), "actions": [(run_probe, [name, hwdb_dir])],
                "uptodate": [False], "verbosity": 2}
 
 
@@ -241,4 +254,4 @@ def task_primitives():
     (budget=<seconds>: the most urgent first, within that wall-clock time; again: what is left)"""
     root = Path.cwd()
     return {"actions": [(run_primitives, [root / "hwdb", root / "rulesets", root / "kernels", get_var("budget")])],
-            "uptodate": [False], "verbosity": 2}
+            "uptodate": [False], "verbosity": 2, "meta": cli_vars.meta(["budget"])}

@@ -11,11 +11,16 @@ is not recorded; if nothing at all was validated, the task fails and says why.
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from doit.exceptions import TaskFailed
 
 from .. import record
-from .graph import VALIDATION_PROTOCOL, Instance
+
+if TYPE_CHECKING:
+    from .graph import Instance
 
 # where a trusted validation may come from ("remote" hits are trusted evidence only when signed;
 # "ran-uncached": ran here without a verdict, such as on a machine with no GPU)
@@ -24,6 +29,7 @@ TRUSTED_ORIGINS = ("ran", "ran-uncached", "local", "remote", "record")
 
 def lines_of(instance: Instance, driver: str, date: str) -> tuple[list[dict], list[str]]:
     """(record lines, steps left out with the reason) for the instance's validations."""
+    from .graph import VALIDATION_PROTOCOL
     env, key = instance.env, instance.env.store.config.signing_key
     recorded = {line["key"]: line for layer in env.store.records for line in layer._load().values()}
     lines, left_out = [], []
@@ -52,10 +58,21 @@ def lines_of(instance: Instance, driver: str, date: str) -> tuple[list[dict], li
     return lines, left_out
 
 
+def _own_record(layout, target: str) -> Path:
+    """Where the record is written: this directory's hwdb/ (aicg/cli_layout.py), which starts
+    from the record read so far (the shipped one) where it has none of its own."""
+    read = record.path_for(layout.hwdb, target)
+    own = record.path_for(getattr(layout, "own_hwdb", layout.hwdb), target)
+    if own != read and not own.exists() and read.exists():
+        own.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(read, own)
+    return own
+
+
 def run_record(instance_loader) -> dict | TaskFailed:
     instance = instance_loader()
     lines, left_out = lines_of(instance, record.driver_version(), record.today())
-    path = record.path_for(instance.layout.hwdb, instance.hardware.target)
+    path = _own_record(instance.layout, instance.hardware.target)
     if not lines:
         why = "; ".join(left_out[:2]) + (f"; and {len(left_out) - 2} more" if len(left_out) > 2 else "")
         return TaskFailed(f"nothing to record for {instance.name}: no candidate was validated on "

@@ -1,0 +1,256 @@
+"""An instance's task graph, kept between commands while nothing it was made from changes.
+
+Loading an instance plans its whole workload (the legality engine, the cost prior over the
+lab's measurements, a digest of the realisation profile): a second or more, on every command.
+`doit list` and a build with nothing to do need only the graph: each step's name, doc,
+upstream steps and outputs, and the digest of the values it reads. That is kept in
+build/.graphs/, one file per (profile, target) as given on the command line, and used while
+the bytes of everything loading reads are those it was made from: aicg's own source, the rule
+sets, hwdb, kernels, the profile; and the AICG_ environment, the toolchain and the Python that
+run it. (target=auto depends on the GPU present: it is always loaded.)
+
+A step from the kept graph that has to run loads the instance in full (once per process,
+before doit forks its workers where it can) and runs the step as loaded, after checking that
+it reads what the kept graph said. The file is msgpack, checked by its digest on read; a file
+that fails the check is a miss.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cas, config, digest
+from .tasks import step as steps
+
+SCHEMA = 1
+GRAPHS = "graphs"
+AICG_DIR = Path(__file__).resolve().parent
+AUTO = "auto"
+# what else shapes the graph's values besides aicg's source: these packages' versions
+PACKAGES = ("numpy", "msgpack", "xxhash", "doit")
+DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg")
+
+
+@dataclass
+class Env(steps.Env):
+    """steps.Env whose receipts are read again once their file changes (a doit worker process
+    writes them while the parent checks the next steps), and whose steps' read digests may come
+    from a kept graph (its steps carry no values)."""
+    read_digests: dict = field(default_factory=dict, repr=False)
+    _stamps: dict = field(default_factory=dict, repr=False)
+
+    def receipt(self, step_name: str) -> dict | None:
+        try:
+            stat = os.stat(self.receipt_path(step_name))
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        except OSError:
+            stamp = None
+        if self._stamps.get(step_name, stamp) != stamp:
+            self._receipts.pop(step_name, None)
+        self._stamps[step_name] = stamp
+        return super().receipt(step_name)
+
+    def reads_digest(self, step: steps.Step) -> str:
+        kept = self.read_digests.get(step.name)
+        return kept if kept is not None else super().reads_digest(step)
+
+
+def no_gpu_here() -> bool:
+    """Whether this is a Linux machine with no NVIDIA device node (nor WSL's), where the CUDA
+    driver can find no GPU: known without loading the driver."""
+    return sys.platform == "linux" and not any(os.path.exists(p) for p in DEVICE_NODES)
+
+
+@functools.cache
+def device_state():
+    """aicg.validate.local_device_state, once per command (None where no_gpu_here())."""
+    if no_gpu_here():
+        return None
+    from .validate import local_device_state
+    return local_device_state()
+
+
+class GraphChanged(RuntimeError):
+    """The instance loaded in full is not the graph that was kept: its file is removed."""
+
+
+class LoadedGraph:
+    """What the tasks and the reporter read of an instance: name, env, layout and steps, with the
+    instance in full behind it, loaded at first need (any other attribute is the instance's)."""
+
+    def __init__(self, name: str, env: Env, layout, steps_: list[steps.Step], target: str, notes: list[str],
+                 load_full, instance=None, kept: Path | None = None):
+        self.name, self.env, self.layout, self.steps, self.target, self.notes = name, env, layout, steps_, target, notes
+        self._load_full, self._instance, self._kept = load_full, instance, kept
+        self._full_steps: dict[str, steps.Step] | None = None
+
+    @property
+    def from_kept_graph(self) -> bool:
+        return self._kept is not None
+
+    def full(self):
+        """The instance as aicg.tasks.graph.load_instance gives it."""
+        if self._instance is None:
+            instance = self._load_full()
+            if [s.name for s in instance.steps] != [s.name for s in self.steps]:
+                self.forget()
+                raise GraphChanged("the instance's steps are not those of its kept graph, which is removed; "
+                                   "run the command again")
+            self._instance = instance
+        return self._instance
+
+    def step(self, name: str) -> steps.Step:
+        """The step `name` as loaded in full, checked to read what the kept graph said."""
+        if self._full_steps is None:
+            self._full_steps = {s.name: s for s in self.full().steps}
+        found = self._full_steps[name]
+        if self._kept is not None and digest.of_value(found.reads) != self.env.read_digests.get(name):
+            self.forget()
+            raise GraphChanged(f"{name} reads other values than its kept graph said; the kept graph is "
+                               f"removed, run the command again")
+        return found
+
+    def forget(self) -> None:
+        if self._kept is not None:
+            self._kept.unlink(missing_ok=True)
+
+    def is_fresh(self, step: steps.Step) -> bool:
+        fresh = steps.is_fresh(step, self.env)
+        if not fresh and self._kept is not None:
+            self.full()   # here, before doit forks the workers that run it
+        return fresh
+
+    def __getattr__(self, attr):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self.full(), attr)
+
+
+def _file_digests(directory: Path, label: str, into: dict) -> None:
+    for path in sorted(Path(directory).rglob("*")):
+        if "__pycache__" not in path.parts and path.is_file():
+            into[f"{label}/{path.relative_to(directory).as_posix()}"] = digest.of_file(path)
+
+
+def inputs_digest(layout, profile: Path, target: str | None) -> str | None:
+    """The digest of everything loading the graph reads; None where a file cannot be read (the
+    instance is then loaded in full, whose loaders say what is wrong with it)."""
+    try:
+        return _inputs_digest(layout, profile, target)
+    except OSError:
+        return None
+
+
+def _inputs_digest(layout, profile: Path, target: str | None) -> str:
+    from importlib import metadata
+
+    from . import toolchain
+    files: dict[str, str] = {}
+    for label, directory in (("aicg", AICG_DIR), ("rulesets", layout.rules), ("hwdb", layout.hwdb),
+                             ("kernels", layout.kernels)):
+        _file_digests(directory, label, files)
+    files["profile"] = digest.of_file(profile)
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return digest.of_value({
+        "schema": SCHEMA, "files": files, "root": str(layout.root), "layout": [str(layout.rules), str(layout.hwdb),
+                                                                               str(layout.kernels)],
+        "profile": str(profile), "target": target, "toolchain": toolchain.identity(), "packages": versions,
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("AICG_")},
+        "python": [sys.version, sys.platform, sys.byteorder]})
+
+
+def kept_path(root: Path, profile: Path, target: str | None) -> Path:
+    """Where the graph of `profile` for `target` in the project at `root` is kept: in the local
+    store's directory (as the environment and pyproject.toml place it; a profile's own [cache]
+    table is read only with the profile), beside its objects and actions, which it is not."""
+    local = config.load(Path(root)).local
+    return local / GRAPHS / f"{digest.of_value([str(root), str(profile), target])[:32]}.msgpack"
+
+
+def _read(path: Path, inputs: str) -> dict | None:
+    try:
+        wrapper = digest.unpack(path.read_bytes())
+        body = wrapper["body"]
+        if digest.of_bytes(body) != wrapper["digest"]:
+            return None
+        table = digest.unpack(body)
+    except Exception:   # missing, unreadable or damaged: loaded in full, and written again
+        return None
+    return table if table.get("schema") == SCHEMA and table.get("inputs") == inputs else None
+
+
+def _write(path: Path, table: dict) -> None:
+    body = digest.pack(table)
+    try:
+        cas.write_atomic(path, digest.pack({"digest": digest.of_bytes(body), "body": body}))
+    except OSError:
+        pass   # a build directory that cannot be written loads the graph in full each time
+
+
+def _table(instance, inputs: str, notes: list[str], reads: dict[str, str]) -> dict | None:
+    """The graph of `instance` as kept, or None where a step checks a local state other than the
+    device's (nothing else can be restored from a name)."""
+    from .validate import local_device_state
+    rows = []
+    for s in instance.steps:
+        if s.local_state not in (None, local_device_state):
+            return None
+        rows.append({"name": s.name, "doc": s.doc, "code": list(s.code), "reads": reads[s.name],
+                     "upstream": list(s.upstream), "targets": list(s.targets), "optional": list(s.optional_outputs),
+                     "role": s.role, "signed": list(s.signed), "device": s.local_state is not None})
+    cache = instance.profile.cache
+    return {"schema": SCHEMA, "inputs": inputs, "name": instance.name, "instance_dir": str(instance.env.instance_dir),
+            "target": instance.hardware.target, "notes": notes,
+            "cache": {"values": dict(cache), "origins": {k: list(v) for k, v in getattr(cache, "origins", {}).items()}},
+            "record": str(instance.env.store.records[0].path) if instance.env.store.records else None,
+            "steps": rows}
+
+
+def _not_loaded(context):
+    raise RuntimeError("a step of a kept graph runs as loaded in full (LoadedGraph.step)")
+
+
+def _from_table(table: dict, layout, recache: bool, load_full, kept: Path) -> LoadedGraph:
+    from .store import LayeredStore
+    cache = config.Settings(table["cache"]["values"], {k: tuple(v) for k, v in table["cache"]["origins"].items()})
+    store = LayeredStore(config.load(layout.root, cache, recache))
+    if table["record"]:
+        store.attach_record(Path(table["record"]))
+    env = Env(Path(table["instance_dir"]), store, read_digests={r["name"]: r["reads"] for r in table["steps"]})
+    light = [steps.Step(r["name"], r["doc"], None, _not_loaded, tuple(r["code"]), tuple(r["upstream"]),
+                        tuple(r["targets"]), local_state=device_state if r["device"] else None,
+                        optional_outputs=tuple(r["optional"]), role=r["role"], signed=tuple(r["signed"]))
+             for r in table["steps"]]
+    return LoadedGraph(table["name"], env, layout, light, table["target"], table["notes"], load_full, kept=kept)
+
+
+def load(layout, profile: Path, target: str | None, recache: bool, notes_of) -> LoadedGraph:
+    """The graph of the instance of `profile` for `target` (None: the profile's own), kept or
+    loaded in full; notes_of(instance) -> what loading says of it (printed on every load)."""
+    def load_full():
+        from .tasks import graph
+        return graph.load_instance(layout, profile, layout.root / "build", recache=recache, target=target)
+
+    kept = kept_path(layout.root, profile, target)
+    inputs = None if target == AUTO else inputs_digest(layout, profile, target)
+    table = _read(kept, inputs) if inputs is not None else None
+    if table is not None:
+        return _from_table(table, layout, recache, load_full, kept)
+    instance = load_full()
+    notes = notes_of(instance)
+    env = Env(instance.env.instance_dir, instance.env.store)
+    if inputs is not None:
+        env.read_digests = {s.name: instance.env.reads_digest(s) for s in instance.steps}
+        written = _table(instance, inputs, notes, env.read_digests)
+        if written is not None:
+            _write(kept, written)
+    return LoadedGraph(instance.name, env, layout, instance.steps, instance.hardware.target, notes, load_full,
+                       instance=instance)
