@@ -33,8 +33,10 @@ FUSED = Epilogue("gelu_erf", bias=True, residual=True)
 
 
 def _new_design(template: str, knobs: dict) -> tuple | None:
-    """Which of the wgmma kernel's later designs a setting combines (staged store, pingpong,
-    split-K, each with or without a cluster); None for the first design."""
+    """Which of the later designs a setting combines (wgmma: staged store, pingpong, split-K, each
+    with or without a cluster; the decode kernel: the cp.async ring); None for the first design."""
+    if template == "gemv":
+        return ("ring",) if knobs["ring"] else None
     if template != "wgmma":
         return None
     found = tuple(name for name, default in (("store", "direct"), ("schedule", "cooperative"), ("split_k", 1))

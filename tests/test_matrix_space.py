@@ -7,6 +7,7 @@ import pytest
 from aicg import hw
 from aicg.errors import InputError
 from aicg.matrix import space
+from aicg.matrix.problem import Problem
 from aicg.matrix.space import Epilogue
 from aicg.matrix.templates import RULES, GpuLimits
 
@@ -192,16 +193,31 @@ def test_mma_constraints(hopper, ada):
 
 
 def test_gemv_register_estimate_rules_out_the_widest_settings(hopper):
-    reals = legal("gemv", hopper)
+    reals = legal("gemv", hopper, ring=0)
     settings = {(r.knob("tiles"), r.knob("unroll")) for r in reals}
     assert (4, 8) not in settings and (1, 8) in settings and (4, 4) in settings
+
+
+def test_gemv_ring_trades_registers_for_shared_memory(hopper, ada):
+    rules = RULES["gemv"]
+    base = dict(space.templates()["gemv"].tried[0])
+    ring = space.realisation("gemv", "bfloat16", "k", "k", Epilogue(), **dict(base, warps=4, tiles=4, unroll=8, ring=3))
+    # W's vectors once in registers, not twice: the widest group fits where it did not
+    assert rules.registers_estimate(ring) == 4 * 4 * 8 + 8 + 16 + 40
+    assert rules.dynamic_shared_bytes(ring) == 4 * 3 * 8 * 4 * 32 * 16 == 196608
+    assert rules.violations(ring, hopper) == [] and any("shared memory" in v for v in rules.violations(ring, ada))
+    assert rules.template_arguments(ring)[-1] == "3"
+    plain = space.realisation("gemv", "bfloat16", "k", "k", Epilogue(), **base)
+    assert rules.dynamic_shared_bytes(plain) == 0 and rules.template_arguments(plain)[-1] == "false"
+    g = rules.geometry(ring, Problem(1, 4096, 4096), 132, None)
+    assert g.shared_bytes == 196608 and rules.blocks_per_sm_estimate(ring) == 1
 
 
 def test_legal_space_sizes(hopper):
     """The space the opt-in full compile covers (tests/test_matrix_build.py): every legal knob setting."""
     assert 3000 < len(legal("wgmma", hopper)) < 6000
     assert 50 < len(legal("mma", hopper)) < 1500
-    assert 10 < len(legal("gemv", hopper)) <= 18
+    assert 40 < len(legal("gemv", hopper)) <= 72
 
 
 # ---- what ptxas made of the settings tried first (NVRTC on this machine, sm_90a)

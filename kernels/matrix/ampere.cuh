@@ -60,6 +60,14 @@ template <> struct Mma16816<f16> {
   }
 };
 
+// 16 bytes of shared memory at a shared address.
+__device__ __forceinline__ uint4 load_shared_vector(unsigned address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address) : "memory");
+  return v;
+}
+
 // 16 bytes read once by the whole grid (a weight): not kept in L1.
 __device__ __forceinline__ uint4 load_streaming_16(const void* p) {
   uint4 v;

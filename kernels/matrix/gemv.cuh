@@ -8,8 +8,16 @@
 //                a warp, TILES groups of 8 (8 rows of W each)
 //   split-K      grid.y = splits: split s sums K range [s k_split, (s+1) k_split)
 //   loads        per 32-wide K step a lane loads 16 bytes (8 elements) of one
-//                W row per tile, and 16 bytes of A rows l/4 and l/4 + 8; W is
-//                software-pipelined UNROLL steps ahead of the math
+//                W row per tile, and 16 bytes of A rows l/4 and l/4 + 8. W
+//                comes in groups of UNROLL steps:
+//                RING = 0  into registers, the next group requested before
+//                          the math on this one (ptxas issues those loads
+//                          after the math, so a warp has one group in flight)
+//                RING > 0  by cp.async into a ring of RING groups in shared
+//                          memory, each warp its own: RING - 1 groups stay in
+//                          flight while the warp computes, whatever the
+//                          scheduler does, and every lane reads back only the
+//                          16-byte vectors it copied (no barrier needed)
 //   math         mma.sync m16n8k16 on the loaded registers as they are: the
 //                8 consecutive K of a lane's 16 bytes serve as the k-slots
 //                {2q, 2q+1, 2q+8, 2q+9} (q = lane % 4) of two MMAs, and A and
@@ -29,16 +37,18 @@
 #include "aicg_types.cuh"
 #include "matrix/ampere.cuh"
 #include "matrix/epilogue.cuh"
+#include "matrix/tiles.cuh"
 
 namespace aicg {
 namespace matrix {
 
-template <typename T, int WARPS, int TILES, int UNROLL, int ACT, bool BIAS, bool RESIDUAL>
+template <typename T, int WARPS, int TILES, int UNROLL, int ACT, bool BIAS, bool RESIDUAL, int RING = 0>
 __device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int ldw, T* c, int ldc, const T* bias,
                                             const T* residual, int ldr, int m, int n, int k, int k_split,
                                             float* partials, unsigned* tickets) {
   constexpr int COLUMNS = WARPS * TILES * 8;   // of a CTA
   static_assert(sizeof(T) == 2, "16-bit operands");
+  static_assert(RING == 0 || RING >= 2, "a ring holds the group in use and at least one in flight");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q = lane % 4, r = lane / 4;
   const int col0 = blockIdx.x * COLUMNS + warp * TILES * 8;   // the warp's first column
@@ -76,18 +86,9 @@ __device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int
     }
   };
 
-  // Software pipelined over the K range: the next STEP of W is requested before the math on
-  // this one, so a warp always has UNROLL x TILES loads in flight while it computes. A comes
-  // from L1 (every warp of the CTA reads the same K range of it) just before its use.
-  uint4 next[UNROLL][TILES];
-  load_w(next, k_begin);
-  for (int k0 = k_begin; k0 < k_end; k0 += STEP) {
-    uint4 wv[UNROLL][TILES];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-      for (int t = 0; t < TILES; ++t) wv[u][t] = next[u][t];
-    load_w(next, k0 + STEP);
+  // The MMAs of one group of UNROLL steps, W from `wv`. A comes from L1 (every
+  // warp of the CTA reads the same K range of it) just before its use.
+  auto math = [&](const uint4 (&wv)[UNROLL][TILES], int k0) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int kk = k0 + 32 * u;
@@ -105,6 +106,59 @@ __device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int
         Mma16816<T>::mma(acc[t], a1, b1);
       }
     }
+  };
+
+  if constexpr (RING == 0) {
+    // The next STEP of W is requested before the math on this one.
+    uint4 next[UNROLL][TILES];
+    load_w(next, k_begin);
+    for (int k0 = k_begin; k0 < k_end; k0 += STEP) {
+      uint4 wv[UNROLL][TILES];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) wv[u][t] = next[u][t];
+      load_w(next, k0 + STEP);
+      math(wv, k0);
+    }
+  } else {
+    // This warp's ring: slot s, step u, tile t, lane l at vector ((s UNROLL + u) TILES + t) 32 + l.
+    extern __shared__ __align__(16) uint4 w_ring[];
+    const unsigned ring = shared_address(w_ring + warp * RING * UNROLL * TILES * 32 + lane);
+    auto vector = [&](int slot, int u, int t) { return ring + 16 * (((slot * UNROLL + u) * TILES + t) * 32); };
+    // Group g (K from k_begin + g STEP) into slot g % RING; vectors past k_end or N are zero-filled
+    // (0 bytes read from a valid address). One commit a group, empty or not, so that waiting for
+    // all but RING - 2 groups means "group g has landed".
+    auto request = [&](int g) {
+      const int k0 = k_begin + g * STEP;
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int kk = k0 + 32 * u;
+        const bool k_ok = kk + 8 * q < k_end;
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) {
+          const bool ok = k_ok && w_ok[t];
+          cp_async_16(vector(g % RING, u, t), ok ? w_rows[t] + kk : w, ok ? 16 : 0);
+        }
+      }
+      cp_async_commit();
+    };
+    const int groups = (k_end - k_begin + STEP - 1) / STEP;
+#pragma unroll
+    for (int g = 0; g < RING - 1; ++g) request(g);
+    for (int g = 0; g < groups; ++g) {
+      cp_async_wait<RING - 2>();
+      // into the slot this lane read in the previous group: its reads are done (their values
+      // fed that group's MMAs, issued before this copy)
+      request(g + RING - 1);
+      uint4 wv[UNROLL][TILES];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) wv[u][t] = load_shared_vector(vector(g % RING, u, t));
+      math(wv, k_begin + g * STEP);
+    }
+    cp_async_wait<0>();   // nothing of this warp's is still landing when it exits
   }
 
   const Epilogue<T, ACT, BIAS, RESIDUAL> epilogue(c, ldc, bias, residual, ldr, m, n);

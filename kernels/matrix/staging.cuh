@@ -45,13 +45,6 @@ __device__ __forceinline__ void store_shared_u32(unsigned address, unsigned v) {
   asm volatile("st.shared.u32 [%0], %1;" : : "r"(address), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ uint4 load_shared_16(unsigned address) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ void store_global_16(void* p, const uint4& v) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
                : : "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
@@ -183,7 +176,7 @@ struct StagedEpilogue {
       const int chunk = thread + i * THREADS, r = chunk / ROW_CHUNKS, j = chunk % ROW_CHUNKS;
       const int row = row0 + r, col = col0 + 8 * j;
       if (row >= m || col >= n) continue;
-      const uint4 v = load_shared_16(buffer + offset(r, j));
+      const uint4 v = load_shared_vector(buffer + offset(r, j));
       T* to = c + row * ldc + col;
       if (c_vectors && col + 8 <= n) {
         store_global_16(to, v);

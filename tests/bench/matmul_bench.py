@@ -128,8 +128,9 @@ def realisations(compute_capability, limits: GpuLimits) -> list[Realisation]:
         add("mma", "float16", "mn", "mn", Epilogue("gelu_erf", bias=True, residual=True), knobs)
     for knobs in tpls["gemv"].tried:
         add("gemv", "bfloat16", "k", "k", plain, knobs)
-    add("gemv", "float16", "k", "k", Epilogue("gelu_tanh", bias=True, residual=True), tpls["gemv"].tried[0])
-    add("gemv", "bfloat16", "k", "k", FUSED_EPILOGUE, tpls["gemv"].tried[0])
+    for knobs in [tpls["gemv"].tried[0]] + [k for k in tpls["gemv"].tried if k.get("ring")][:1]:
+        add("gemv", "float16", "k", "k", Epilogue("gelu_tanh", bias=True, residual=True), knobs)
+        add("gemv", "bfloat16", "k", "k", FUSED_EPILOGUE, knobs)
     return found
 
 

@@ -11,6 +11,7 @@ K_STEP = 32                   # K a warp covers per step (4 lanes x 8 elements)
 MIN_SPLIT_STEPS = 8           # a split covers at least this many steps: the reduction stays a small share
 RESIDENT_THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
+SHARED_BYTES_PER_SM = 228 * 1024   # Hopper's and Ampere's (A100) largest carve-out
 ADDRESSING_REGISTERS = 40     # pointers, indices, predicates beside the loaded vectors (ptxas: 48-102 in all)
 
 
@@ -21,17 +22,21 @@ class GemvRules(TemplateRules):
         return 32 * real.knob("warps")
 
     def dynamic_shared_bytes(self, real: Realisation) -> int:
-        return 0
+        """The warps' cp.async rings (ring > 0): ring groups of unroll x tiles 16-byte vectors a lane."""
+        k = real.settings
+        return k["warps"] * k["ring"] * k["unroll"] * k["tiles"] * 32 * 16
 
     def accumulators(self, real: Realisation) -> int:
         return 4 * real.knob("tiles")
 
     def registers_estimate(self, real: Realisation) -> int:
-        """W's vectors twice over (4 registers each, per tile and step: the group in use and the
-        group in flight), one step's two A vectors, the accumulators, and addressing. ptxas used
-        fewer on every setting compiled (tiles 4, unroll 4: 192 estimated, 134 used)."""
+        """W's vectors (4 registers each, per tile and step) twice over where they come to registers
+        (the group in use and the group in flight) and once from a ring, one step's two A vectors,
+        the accumulators, and addressing. ptxas used fewer on every setting compiled (tiles 4,
+        unroll 4: 192 estimated, 134 used)."""
         k = real.settings
-        return 2 * 4 * k["tiles"] * k["unroll"] + 8 + self.accumulators(real) + ADDRESSING_REGISTERS
+        copies = 1 if k["ring"] else 2
+        return copies * 4 * k["tiles"] * k["unroll"] + 8 + self.accumulators(real) + ADDRESSING_REGISTERS
 
     def violations(self, real: Realisation, limits: GpuLimits) -> list[str]:
         found = []
@@ -40,12 +45,16 @@ class GemvRules(TemplateRules):
         if self.registers_estimate(real) > limits.registers_per_thread:
             found.append(f"about {self.registers_estimate(real)} registers a thread "
                          f"(at most {limits.registers_per_thread})")
+        if self.dynamic_shared_bytes(real) > limits.shared_optin_bytes:
+            found.append(f"{self.dynamic_shared_bytes(real)} bytes of shared memory "
+                         f"(the GPU allows {limits.shared_optin_bytes} a block)")
         return found
 
     def template_arguments(self, real: Realisation) -> list[str]:
         k, e = real.settings, real.epilogue
-        return [CTYPES[real.dtype], str(k["warps"]), str(k["tiles"]), str(k["unroll"]),
-                ACTIVATION_CONSTANTS[e.activation], bool_literal(e.bias), bool_literal(e.residual)]
+        found = [CTYPES[real.dtype], str(k["warps"]), str(k["tiles"]), str(k["unroll"]),
+                 ACTIVATION_CONSTANTS[e.activation], bool_literal(e.bias), bool_literal(e.residual)]
+        return found + ([str(k["ring"])] if k["ring"] else [])   # the template's default: registers
 
     def parameters(self, ctype: str) -> list[str]:
         return [f"const {ctype}* a", "int lda", f"const {ctype}* w", "int ldw", f"{ctype}* c", "int ldc",
@@ -77,7 +86,8 @@ class GemvRules(TemplateRules):
         """CTAs an SM holds at once by the register estimate (a launch asks the driver instead)."""
         threads = self.threads(real)
         by_registers = REGISTERS_PER_SM // (self.registers_estimate(real) * threads)
-        return max(1, min(RESIDENT_THREADS_PER_SM // threads, by_registers))
+        by_shared = SHARED_BYTES_PER_SM // max(1, self.dynamic_shared_bytes(real))
+        return max(1, min(RESIDENT_THREADS_PER_SM // threads, by_registers, by_shared))
 
     def k_split(self, real: Realisation, problem: Problem, sm_count: int, blocks_per_sm: int | None = None) -> int:
         """K a split covers: as many splits as keep the grid within one wave of resident CTAs
@@ -95,4 +105,5 @@ class GemvRules(TemplateRules):
         k_split = self.k_split(real, problem, sm_count, blocks_per_sm)
         splits = -(-problem.k // k_split)
         workspace = splits * problem.m * problem.n * 4 if splits > 1 else 0
-        return Geometry((blocks, splits, 1), (self.threads(real), 1, 1), 1, 0, workspace, 4 * blocks, splits)
+        return Geometry((blocks, splits, 1), (self.threads(real), 1, 1), 1, self.dynamic_shared_bytes(real), workspace,
+                        4 * blocks, splits)
