@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import config, hw, tomlfile
 from .dtypes import DTYPES
+from .matrix import workload as matrix_workload
 from .ops import OPERATORS
 from .semantics.legality import Preservation, RuleChoice
 from .semantics.ruleset import RuleSet, read_axes, read_tolerance
@@ -90,6 +91,7 @@ class Profile:
     cache: dict          # store settings of the profile's [cache] table (see aicg/config.py)
     synthesis: Synthesis | None = None
     prior: str = "measured"   # "measured": the realisation profile where the GPU has one; "datasheet": never
+    matmul: tuple = ()        # the [[matmul]] classes (aicg/matrix/workload.py): dtype, layouts, epilogue, shapes
 
 
 def _shapes(table: tomlfile.Table) -> tuple[tuple[int, int], ...]:
@@ -124,12 +126,18 @@ def oversized(ops, dtypes, shapes, hardware: hw.Hardware) -> str | None:
     return None
 
 
-def _workload(doc: tomlfile.Table, ruleset: RuleSet, hardware: hw.Hardware) -> dict[str, Workload]:
+def _workload(doc: tomlfile.Table, ruleset: RuleSet, hardware: hw.Hardware, required: bool) -> dict[str, Workload]:
+    """The row operators' workload; `required`: the profile names no matrix multiply either."""
     known_ops = set(ruleset.ops) & set(OPERATORS)
     merged: dict[str, tuple[dict, dict]] = {}   # op -> (dtypes, shapes), each in first-seen order
-    entries = doc.get("workload", list, item=dict)
+    if "workload" not in doc and required:
+        raise doc.error("workload", "an array of [[workload]] entries (the key is missing; a profile of matrix "
+                                    "multiplies alone has [[matmul]] entries instead)")
+    entries = doc.get("workload", list, item=dict, default=[])
     if not entries:
-        raise doc.error("workload", "at least one [[workload]] entry")
+        if not required:
+            return {}
+        raise doc.error("workload", "at least one [[workload]] entry (or a [[matmul]] entry)")
     for i, entry in enumerate(entries):
         t = tomlfile.Table(doc.file, entry, f"workload[{i}]")
         ops = t.get("ops", list, item=str, choices=known_ops)
@@ -197,12 +205,14 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
 
     cache = config.settings(doc.table("cache", default={}))
     synthesis = _synthesis(doc)
-    workload = _workload(doc, ruleset, hw.load_target(hwdb_dir, target))
-    for op, w in workload.items():
-        missing = [d for d in w.dtypes if d not in tolerance]
-        if missing:
-            raise doc.error(f"preservation.tolerance.{missing[0]}", f"a tolerance for {missing[0]} (used by {op})")
+    hardware = hw.load_target(hwdb_dir, target)
+    matmul = matrix_workload.read(doc, hardware.fact("dram_capacity"), target)
+    workload = _workload(doc, ruleset, hardware, required=not matmul)
+    used = [(d, op) for op, w in workload.items() for d in w.dtypes] + [(c.dtype, "matmul") for c in matmul]
+    for dtype, op in used:
+        if dtype not in tolerance:
+            raise doc.error(f"preservation.tolerance.{dtype}", f"a tolerance for {dtype} (used by {op})")
     doc.done()
     return Profile(path, name, target, Preservation(preset_name, axes, tolerance),
                    RuleChoice(forbid, frozenset(select) if select is not None else None),
-                   per_family, trials, repetitions, workload, cache, synthesis, prior)
+                   per_family, trials, repetitions, workload, cache, synthesis, prior, matmul)

@@ -89,7 +89,8 @@ BAD = [
     ("[rules]\n", '[preservation]\norder = "sorted"\n\n[rules]\n', "preservation.order", "one of 'any'"),
     ("[rules]\n", '[preservation]\nspeed = "max"\n\n[rules]\n', "preservation.speed", "a known key"),
     ("[rules]\n", "[planner]\nx = 1\n\n[rules]\n", "planner", "a known key"),
-    (WORKLOAD, "", "workload", "an array (the key is missing)"),
+    (WORKLOAD, "", "workload", "an array of [[workload]] entries (the key is missing; a profile of matrix "
+                               "multiplies alone has [[matmul]] entries instead)"),
     ("[plan]", "[plan", "(syntax)", "valid TOML"),
 ]
 

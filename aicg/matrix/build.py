@@ -44,15 +44,24 @@ def headers(real: Realisation, kernels_dir: Path = KERNELS_DIR) -> dict[str, byt
 def compile_realisation(real: Realisation, arch: str, kernels_dir: Path = KERNELS_DIR) -> Built:
     """NVRTC's cubin and report for `real` on `arch`; CompileError (with the log, pointing at the
     header's lines) if it does not compile."""
-    src = codegen.source(real)
-    cubin, report, log = nvrtc.compile_cubin(src, f"{real.name}.cu", headers(real, kernels_dir), arch)
+    return compile_source(real, codegen.source(real), f"{real.name}.cu", headers(real, kernels_dir), arch)
+
+
+def compile_source(real: Realisation, src: str, source_name: str, included: dict[str, bytes], arch: str) -> Built:
+    """As compile_realisation, for codegen's source of `real` and the headers it includes, as given."""
+    cubin, report, log = nvrtc.compile_cubin(src, source_name, included, arch)
     report = dict(report, warnings=[line for line in log.splitlines() if any(w.search(line) for w in FATAL_WARNINGS)])
     return Built(real, arch, src, cubin, report, log)
 
 
 def healthy(built: Built) -> list[str]:
     """What in ptxas's report rules the build out: no report, spills, a stack frame, fatal warnings."""
-    r, found = built.report, []
+    return report_problems(built.report)
+
+
+def report_problems(report: dict) -> list[str]:
+    """healthy()'s verdict on a report as compile_source made it."""
+    r, found = report, []
     if not r["reported"]:
         found.append("ptxas gave no resource report")
     if r["spill_store_bytes"] or r["spill_load_bytes"]:

@@ -159,12 +159,22 @@ def compare(problem: Problem, bits: np.ndarray, logical: dict, rows: np.ndarray,
     return result
 
 
+def splits_of(template: str, geometry) -> int:
+    """The parts each output's K sum is cut into at this launch (one more rounding each in the bound):
+    the geometry's count, or for a template whose geometry does not give one, the decode kernel's
+    grid rows."""
+    splits = getattr(geometry, "splits", None)
+    if splits is not None:
+        return int(splits)
+    return geometry.grid[1] if template == "gemv" else 1
+
+
 def validate(kernel, problem: Problem, trials: list[dict], rows: np.ndarray, operands: Operands,
              references: list[tuple], hang_seconds: float = HANG_SECONDS, stream: int = 0) -> dict:
     """Run `kernel` (an aicg.matrix.launch.MatmulKernel) on `problem` for each trial's logical
     inputs (reference.draw) and judge it; `references[t]` is trial t's (ref, bound) on `rows`."""
     geometry = kernel.geometry(problem)
-    splits = geometry.grid[1] if kernel.real.template == "gemv" else 1
+    splits = splits_of(kernel.real.template, geometry)
     checks, repeatable = [], True
     for t, logical in enumerate(trials):
         images = reference.stored(problem, logical)

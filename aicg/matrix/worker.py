@@ -78,7 +78,7 @@ def run_case(realisation: dict, cubin: bytes, problem: dict, validate: bool = Tr
     real, prob = Realisation.from_dict(realisation), Problem.from_dict(problem)
     kernel = _kernel(real, cubin)
     geometry = kernel.geometry(prob)
-    splits = geometry.grid[1] if real.template == "gemv" else 1
+    splits = check.splits_of(real.template, geometry)
     data = _inputs(prob, splits)
     out = {"realisation": real.name, "problem": prob.name,
            "geometry": {"grid": list(geometry.grid), "block": list(geometry.block), "cluster": geometry.cluster,

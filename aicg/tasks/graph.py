@@ -22,6 +22,8 @@ from .. import codegen, config, digest, hw, nvrtc, occupancy, plan, record, tool
 from .. import planning as planning_inputs
 from .. import validate
 from ..errors import CompileError, InputChanged, InputError
+from ..matrix import semantics as matrix_semantics
+from ..matrix import steps as matrix_steps
 from ..primitives import realisation
 from ..profile import Profile
 from ..store import LayeredStore
@@ -54,7 +56,7 @@ VALIDATION_PROTOCOL = 4
 
 @dataclass
 class Instance:
-    ruleset: ruleset_loader.RuleSet
+    ruleset: ruleset_loader.RuleSet   # with the matrix family's rules and families where the profile has matmul
     layout: Layout
     profile: Profile
     hardware: hw.Hardware
@@ -62,6 +64,21 @@ class Instance:
     env: Env
     plan_inputs: dict   # name -> plan_inputs.PlanInput: what the plans read, and where it came from
     rejected: dict  # op -> rules rejected by measured drift or the rounding bound, with the reason
+    matrix: matrix_steps.MatrixBuild | None = None   # the [[matmul]] classes, decided and planned
+
+    def dtypes_of(self, op: str) -> tuple[str, ...]:
+        """The dtypes the profile asks of `op` (none where it does not name it)."""
+        if op in self.profile.workload:
+            return tuple(self.profile.workload[op].dtypes)
+        if op == matrix_semantics.OP and self.matrix:
+            return self.matrix.dtypes()
+        return ()
+
+    def plan_inputs_of(self, op: str) -> dict:
+        """What the plans of `op` read, and where each came from."""
+        if op == matrix_semantics.OP and self.matrix:
+            return self.matrix.inputs
+        return self.plan_inputs
 
     @property
     def name(self) -> str:
@@ -249,6 +266,8 @@ def planning_snapshot(layout: Layout, profile_path: Path, prof) -> dict[str, byt
     path inside the instance -> bytes."""
     files = {"source/profile.toml": Path(profile_path).read_bytes()}
     files.update({f"source/rulesets/{name}": (layout.rules / name).read_bytes() for name in ruleset_loader.FILES})
+    if prof.matmul:   # only then: an instance without matrix multiplies carries what it always carried
+        files[f"source/rulesets/{matrix_semantics.FILE}"] = (layout.rules / matrix_semantics.FILE).read_bytes()
     for path in (layout.hwdb / f"{prof.target}.toml", realisation.path_for(layout.hwdb, prof.target)):
         if path.exists():
             files[f"source/hwdb/{path.name}"] = path.read_bytes()
@@ -285,8 +304,15 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
                 if decided[dtype].legal_families():
                     steps += _synthesis_steps(op, dtype, rules, prof, hardware, layout, work, hw_facts, decided)
         steps.append(_select_step(op, work, candidates, prof))
+    matrix = matrix_steps.load(layout.rules, rules, prof, hardware) if prof.matmul else None
+    if matrix:
+        steps += matrix_steps.steps(matrix, prof, hardware, layout.kernels)
     snapshot = planning_snapshot(layout, profile_path, prof)
     # built for another target, the JIT must plan for that one: its profile says so
     snapshot["source/profile.toml"] = targets.snapshot_profile(profile_path, prof)
-    steps.append(packaging.package_step(prof, hardware, planned, rules, snapshot))
-    return Instance(rules, layout, prof, hardware, steps, env, inputs, rejected)
+    steps.append(packaging.package_step(prof, hardware, planned, rules, snapshot, matrix))
+    # `doit explain op=matmul` decides the matrix families with the same engine, from the merged rule sets
+    # an instance of matrix multiplies alone: its plans read the matrix prior's inputs
+    shown_inputs = dict(matrix.inputs) if matrix and not prof.workload else inputs
+    return Instance(matrix.ruleset if matrix else rules, layout, prof, hardware, steps, env, shown_inputs, rejected,
+                    matrix)

@@ -16,6 +16,8 @@ import json
 import math
 
 from .. import codegen, digest, toolchain
+from ..matrix import package as matrix_package
+from ..matrix import summary as matrix_summary
 from ..primitives import realisation
 from ..ops import OPERATORS
 from ..semantics.legality import decide_rule
@@ -165,18 +167,22 @@ def _prior_record(prof, snapshot: dict[str, bytes]) -> dict | None:
             "kernels_changed": realisation.kernels_changed(provenance, headers)}
 
 
-def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, bytes]) -> Step:
+def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, bytes], matrix=None) -> Step:
     """planned: op -> ({dtype: Legality}, [Candidate]); snapshot: the planning inputs the
-    instance carries for its JIT (source/...), path -> bytes."""
+    instance carries for its JIT (source/...), path -> bytes; matrix: the profile's matrix classes
+    as planned (aicg/matrix/steps.py), or None where it has none (nothing of the manifest changes then)."""
     all_candidates = [c for _, cands in planned.values() for c in cands]
     rounds = [f"synth:{op}.{d}.{prof.synthesis.rounds - 1}" for op in planned for d in prof.workload[op].dtypes
               if planned[op][0][d].legal_families()] if prof.synthesis else []
     upstream = (f"hw:{hardware.target}", *(f"legality:{op}" for op in planned), *(f"plan:{op}" for op in planned),
-                *(f"select:{op}" for op in planned), *(f"compile:{c.id}" for c in all_candidates), *rounds)
+                *(f"select:{op}" for op in planned), *(f"compile:{c.id}" for c in all_candidates), *rounds,
+                *(matrix_package.upstream(matrix) if matrix else ()))
     reads = {"instance": prof.name, "target": hardware.identity(), "preservation": prof.preservation.as_record(),
              "toolchain": toolchain.identity(), "workload": {op: {"dtypes": list(w.dtypes), "shapes": [list(s) for s in w.shapes]}
                                                             for op, w in prof.workload.items()},
              "source": {path: digest.of_bytes(data) for path, data in sorted(snapshot.items())}}
+    if matrix:
+        reads["matmul"] = [c.as_record() for c in matrix.classes]
 
     def run(ctx) -> Result:
         outputs: dict[str, bytes] = dict(snapshot)
@@ -223,14 +229,21 @@ def package_step(prof, hardware, planned: dict, ruleset, snapshot: dict[str, byt
         manifest = {"schema": 1, **reads, "kernels": kernels, "unavailable": unavailable, "synthesis": synthesis,
                     "prior": _prior_record(prof, snapshot),
                     "inputs": {name: ctx.env.receipt(name)["key"] for name in upstream}}
+        if matrix:
+            manifest["matrix"], cubins = matrix_package.section(ctx, matrix, hardware.compute_capability)
+            outputs.update(cubins)
         outputs["manifest.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-        outputs["report.md"] = summary.report(manifest).encode()
+        outputs["report.md"] = (summary.report(manifest) + matrix_summary.report(manifest)).encode()
         return Result(outputs)
 
     kernel_files = [f"kernels/{op}.{dtype}.cubin" for op in planned for dtype in prof.workload[op].dtypes]
     kernel_files += [f"kernels/{c.op}.{c.dtype}.{c.id}.cubin" for c in all_candidates]
+    kernel_files += list(matrix_package.optional_outputs(matrix)) if matrix else []
+    code = ("tasks/package.py", "tasks/summary.py", "codegen.py", "ops.py", "primitives/realisation.py")
+    if matrix:   # only then: an instance without matrix multiplies keeps the keys it always had
+        code += ("matrix/package.py", "matrix/summary.py")
     return Step("package", f"package instance {prof.name}: manifest, report and the chosen cubins", reads, run,
-                ("tasks/package.py", "tasks/summary.py", "codegen.py", "ops.py", "primitives/realisation.py"),
+                code,
                 upstream=upstream,
                 targets=("manifest.json", "report.md", *sorted(snapshot)), optional_outputs=tuple(kernel_files),
                 role="verdict", signed=("manifest.json",))
