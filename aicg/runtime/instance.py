@@ -4,6 +4,8 @@
     y = inst.softmax(x)                 # x: (..., cols) CUDA tensor, float32, bfloat16 or float16
     y = inst.rmsnorm(x, w, eps=1e-6)
     y = inst.layernorm(x, w, b)
+    y = inst.matmul(a, b, bias=None, residual=None, activation=None)   # where the profile has [[matmul]]
+    y = inst.linear(x, weight, bias=None)                              # x @ weight.T + bias
     help(inst.rmsnorm)                  # its signature, what it computes, the dtypes it has
 
 x, and a fused operator's residual, may have rows lying evenly apart (a
@@ -40,6 +42,7 @@ from .. import codegen, digest, trust
 from ..dtypes import DTYPES
 from ..errors import InputError
 from ..ops import OPERATORS
+from ..matrix.dispatch import MatrixKernels
 from ..semantics import accuracy
 from . import arrays, driver, torch_ops
 from .jit import Jit, JitError
@@ -254,6 +257,11 @@ class Instance:
         self.skipped = sorted(n for n, e in self.manifest["kernels"].items()
                               if e["validation"] != "passed" and not allow_unvalidated)
         self.ops = {op: OpKernels(self, op, entries) for op, entries in by_op.items()}
+        section = self.manifest.get("matrix")
+        # matrix multiplies (inst.matmul, inst.linear): their kernels dispatch on layouts and shape
+        self.matrix = MatrixKernels(self.path, section, allow_unvalidated, InstanceError) if section else None
+        if self.matrix is not None:
+            self.skipped += self.matrix.skipped
         packaged = {v["candidate"]: v for entries in by_op.values() for e in entries.values()
                     for v in e.get("dispatch") or []}
         self.jit = (Jit(self.path, packaged, key) if jit and (self.path / "source" / "profile.toml").is_file()
@@ -286,7 +294,9 @@ class Instance:
         if name in ops:
             return ops[name]
         why = ""
-        if any(n.startswith(name + ".") for n in self.__dict__.get("skipped", [])):
+        if name in torch_ops.MATRIX_OPS and self.__dict__.get("matrix") is not None:
+            why = " (its matrix kernels are not validated on the target; load with allow_unvalidated=True to use them anyway)"
+        elif any(n.startswith(name + ".") for n in self.__dict__.get("skipped", [])):
             why = " (its kernels are not validated on the target; load with allow_unvalidated=True to use them anyway)"
         raise AttributeError(f"instance {self.__dict__.get('path')} has no operator {name!r}{why}")
 

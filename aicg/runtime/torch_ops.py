@@ -137,6 +137,11 @@ def attach(instance) -> str | None:
         if name in vars(type(instance)):
             raise RuntimeError(f"operator {name!r} would hide Instance.{name}")
         setattr(instance, name, InstanceOperator(instance, name, namespace, registered.get(name)))
+    matrix = getattr(instance, "matrix", None)
+    if matrix is not None and matrix.has():
+        ops = _register_matrix(instance, namespace) if namespace else {}
+        for name in MATRIX_OPS:
+            setattr(instance, name, MatrixOperator(instance, name, namespace, ops.get(name)))
     return namespace
 
 
@@ -201,6 +206,119 @@ def direct_launch_check(torch):
                 return False
         return True
     return launch_directly
+
+
+# --- matrix multiplies: inst.matmul, inst.linear (aicg/matrix/dispatch.py) ------------------
+
+MATRIX_OPS = ("matmul", "linear")
+MATRIX_SIGNATURES = {
+    "matmul": (("a", "b"), (("bias", None), ("residual", None), ("activation", None))),
+    "linear": (("x", "weight"), (("bias", None),)),
+}
+MATRIX_SCHEMAS = {
+    "matmul": "(Tensor a, Tensor b, Tensor? bias=None, Tensor? residual=None, str activation='none') -> Tensor",
+    "linear": "(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
+}
+MATRIX_DOCS = {
+    "matmul": "act(a @ b + bias) + residual, rounded once to the operands' type (float32 accumulation).\n"
+              "a: (M, K) or (..., K); b: (K, N); bias: (N,); residual: shaped like the output (..., N); activation: "
+              "None, 'gelu_tanh', 'gelu_erf' or 'silu'.",
+    "linear": "x @ weight.T + bias (torch.nn.functional.linear), float32 accumulation.\n"
+              "x: (..., K); weight: (N, K); bias: (N,).",
+}
+
+
+def matrix_signature(name: str) -> inspect.Signature:
+    P = inspect.Parameter
+    tensors, optional = MATRIX_SIGNATURES[name]
+    params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in tensors]
+    params += [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in optional]
+    params += [P("out", P.KEYWORD_ONLY, default=None), P("stream", P.KEYWORD_ONLY, default=None)]
+    return inspect.Signature(params)
+
+
+def matrix_docstring(instance, name: str, namespace: str | None) -> str:
+    classes = ", ".join(sorted(c.name for c in instance.matrix.classes.values()))
+    lines = [f"{name}{matrix_signature(name)}", "", MATRIX_DOCS[name], "",
+             f"This instance has kernels for: {classes} (dtype, layouts of A and B by their contiguous dimension, "
+             f"epilogue); each operand's layout is read from its strides (a row-major matrix or the transpose of one).",
+             "out: a contiguous array of the output's shape and dtype to write into (default: a new one); returned.",
+             "stream: the CUDA stream to launch on (default: the array framework's current stream)."]
+    if namespace:
+        lines += ["", f"PyTorch: torch.ops.{namespace}.{name}; torch.compile traces it and CUDA graphs capture it "
+                      f"(after a warm-up call at each shape). No backward: call it under torch.no_grad()."]
+    return "\n".join(lines)
+
+
+class MatrixOperator:
+    """inst.matmul / inst.linear: the instance's matrix kernels, and their PyTorch operator."""
+
+    def __init__(self, instance, name: str, namespace: str | None, torch_op):
+        self._name, self._kernels, self._torch_op = name, instance.matrix, torch_op
+        self._torch = sys.modules["torch"] if torch_op is not None else None
+        self._launch_directly = direct_launch_check(self._torch) if torch_op is not None else None
+        self.__name__ = self.__qualname__ = name
+        self.__signature__ = matrix_signature(name)
+        self.__doc__ = matrix_docstring(instance, name, namespace)
+
+    def __call__(self, *args, out=None, stream=None, **kwargs):
+        bound = self.__signature__.bind(*args, out=out, stream=stream, **kwargs).arguments
+        tensors = [bound.get(n) for n in (*MATRIX_SIGNATURES[self._name][0], "bias", "residual")
+                   if bound.get(n) is not None]
+        torch = self._torch
+        if torch is not None and all(isinstance(t, torch.Tensor) for t in tensors):
+            if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+                raise RuntimeError(f"{self._name} has no backward kernel or formula in this instance yet, and an "
+                                   f"input requires grad: call it under torch.no_grad()")
+            if out is None and stream is None and not self._launch_directly(tensors):
+                call = {k: v for k, v in bound.items() if k not in ("out", "stream")}
+                if "activation" in call:
+                    call["activation"] = call["activation"] or "none"
+                return self._torch_op(**call)
+        return getattr(self._kernels, self._name)(*args, out=out, stream=stream, **kwargs)
+
+    @property
+    def chosen(self) -> dict:
+        return self._kernels.chosen
+
+    def __repr__(self) -> str:
+        return f"<matrix operator {self._name}{self.__signature__}>"
+
+
+def _matrix_out_shape(name: str, first, second) -> tuple:
+    if name == "matmul":
+        if second.dim() != 2 or first.dim() < 1 or first.shape[-1] != second.shape[0]:
+            raise ValueError(f"b: expected shape ({first.shape[-1]}, N) for a of shape {tuple(first.shape)}, "
+                             f"got {tuple(second.shape)}")
+        return (*first.shape[:-1], second.shape[1])
+    if second.dim() != 2 or first.dim() < 1 or first.shape[-1] != second.shape[1]:
+        raise ValueError(f"weight: expected shape (N, {first.shape[-1]}) for x of shape {tuple(first.shape)}, "
+                         f"got {tuple(second.shape)}")
+    return (*first.shape[:-1], second.shape[0])
+
+
+def _register_matrix(instance, namespace: str) -> dict:
+    import torch
+    kernels = instance.matrix
+
+    def run_matmul(a, b, bias=None, residual=None, activation="none"):
+        return kernels.matmul(a, b, bias, residual, None if activation == "none" else activation)
+
+    def run_linear(x, weight, bias=None):
+        return kernels.linear(x, weight, bias)
+
+    def fake_matmul(a, b, bias=None, residual=None, activation="none"):
+        return a.new_empty(_matrix_out_shape("matmul", a, b))
+
+    def fake_linear(x, weight, bias=None):
+        return x.new_empty(_matrix_out_shape("linear", x, weight))
+
+    found = {}
+    for name, run, fake in (("matmul", run_matmul, fake_matmul), ("linear", run_linear, fake_linear)):
+        op = torch.library.custom_op(f"{namespace}::{name}", run, mutates_args=(), schema=MATRIX_SCHEMAS[name])
+        op.register_fake(fake)
+        found[name] = getattr(getattr(torch.ops, namespace), name).default
+    return found
 
 
 # --- PyTorch registration --------------------------------------------------------------

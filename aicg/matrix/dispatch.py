@@ -1,0 +1,334 @@
+"""An instance's matrix kernels at run time: `inst.matmul` and `inst.linear`.
+
+    y = inst.matmul(a, b, bias=None, residual=None, activation=None)   # act(a @ b + bias) + residual
+    y = inst.linear(x, weight, bias=None)                              # x @ weight.T + bias (F.linear)
+
+a is (M, K) or (..., K); b is (K, N); x is (..., K); weight is (N, K); bias
+is (N,); residual is shaped like the output, (..., N); activation is None,
+"gelu_tanh", "gelu_erf" or "silu". Every array is bfloat16 or float16 (the
+same one), on one GPU. The layout of each operand is read from its strides:
+a row-major matrix, or the transpose of one (a column-major view such as
+`w.t()`), with rows (or columns) any distance apart; the instance must have
+kernels for that dtype, pair of layouts and epilogue (the profile's
+`[[matmul]]` classes), or the call fails saying which it has.
+
+A workload shape runs the kernel its build measured fastest there. Any
+other shape runs the packaged kernel of its class that takes it (layout,
+leading dimensions, pointer alignment) and was measured at the nearest
+workload shape: every packaged kernel was validated on ragged shapes too
+(aicg/matrix/validation.py), so it is correct at any shape it takes.
+Kernels the build did not validate on the target are refused unless the
+instance was loaded with allow_unvalidated=True. The kernels are built for
+the target's architecture (sm_90a: compute capability 9.0 only); another GPU
+is refused before anything loads. A kernel runs on the caller's current
+stream (the array framework's) with no host synchronisation. A kernel that
+splits K keeps its partial sums in scratch memory of its own: launch one
+instance's kernel on one stream at a time.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from .. import digest
+from ..runtime import arrays, driver
+from .problem import MAX_DIMENSION, Problem
+from .space import ACTIVATIONS, DTYPES, Epilogue, Realisation
+from .templates import RULES
+
+
+class Operand(NamedTuple):
+    """An array as the matrix kernels see it: where it is, its shape and strides (in elements)."""
+    obj: object
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    device: int
+
+
+def operand(obj, what: str) -> Operand:
+    """A CUDA array of PyTorch, CuPy or any DLPack / __cuda_array_interface__ framework."""
+    if type(obj).__module__.split(".", 1)[0] == "torch":
+        if not obj.is_cuda:
+            raise TypeError(f"{what}: expected an array in GPU memory, got one on {obj.device}")
+        return Operand(obj, obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), str(obj.dtype).rsplit(".", 1)[-1],
+                       obj.get_device())
+    from cuda.core.utils import StridedMemoryView
+    try:
+        v = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
+    except Exception as err:
+        raise TypeError(f"{what}: expected a CUDA array (DLPack or __cuda_array_interface__), got "
+                        f"{type(obj).__name__}: {err}") from None
+    if not v.is_device_accessible or v.device_id < 0:
+        raise TypeError(f"{what}: expected an array in GPU memory, got one in host memory")
+    shape = tuple(v.shape)
+    strides = tuple(v.strides) if v.strides is not None else _dense_strides(shape)
+    return Operand(obj, int(v.ptr), shape, strides, arrays._dtype_name(v, obj), v.device_id)
+
+
+def _dense_strides(shape) -> tuple[int, ...]:
+    found, step = [], 1
+    for n in reversed(shape):
+        found.append(step)
+        step *= n
+    return tuple(reversed(found))
+
+
+def layouts_2d(op: Operand, what: str) -> list[tuple[str, int]]:
+    """How a 2-D array lies: ("row", elements between row starts) and / or ("col", between column
+    starts); both where a single row or column makes either true. ValueError where neither."""
+    if len(op.shape) != 2:
+        raise ValueError(f"{what}: expected a matrix (2 dimensions), got shape {op.shape}")
+    (rows, cols), (s0, s1) = op.shape, op.strides
+    found = []
+    if (cols == 1 or s1 == 1) and (rows == 1 or s0 >= cols):
+        found.append(("row", s0 if rows > 1 else cols))
+    if (rows == 1 or s0 == 1) and (cols == 1 or s1 >= rows):
+        found.append(("col", s1 if cols > 1 else rows))
+    if not found:
+        raise ValueError(f"{what}: expected a row-major matrix or the transpose of one (one stride 1, the other at "
+                         f"least its row length), got strides {op.strides} for shape {op.shape}")
+    return found
+
+
+def rows_of(op: Operand, what: str) -> tuple[int, int, int]:
+    """(rows, row length, row stride) of an array of rows of its last dimension (rows evenly apart)."""
+    if not op.shape:
+        raise ValueError(f"{what}: expected at least one dimension")
+    stride = arrays.row_stride(what, op.shape, op.strides)
+    return math.prod(op.shape[:-1]), op.shape[-1], stride
+
+
+class Call(NamedTuple):
+    """One call, worked out on the host: the problem, its possible layouts, and the output's shape."""
+    problems: list[Problem]      # one per layout reading of the operands, the first the instance has wins
+    out_shape: tuple[int, ...]
+    pointers: dict[str, int]
+    dtype: str
+    device: int
+
+
+def _check_common(dtype: str, operands: dict[str, Operand]) -> tuple[str, int]:
+    if dtype not in DTYPES:
+        first = next(iter(operands))
+        raise ValueError(f"{first}: expected {' or '.join(DTYPES)} (the matrix kernels' operand types), got {dtype}")
+    device = next(iter(operands.values())).device
+    for name, op in operands.items():
+        if op.dtype != dtype:
+            raise ValueError(f"{name}: expected dtype {dtype} (as the first operand), got {op.dtype}")
+        if op.device != device:
+            raise ValueError(f"{name}: expected an array on GPU {device} (as the first operand), got GPU {op.device}")
+    return dtype, device
+
+
+def _epilogue_operands(bias: Operand | None, residual: Operand | None, out_shape, n: int) -> dict:
+    found = {}
+    if bias is not None:
+        if bias.shape != (n,) or (n > 1 and bias.strides[0] != 1):
+            raise ValueError(f"bias: expected a contiguous vector of shape ({n},), got shape {bias.shape} "
+                             f"strides {bias.strides}")
+        found["bias"] = bias.ptr
+    if residual is not None:
+        if residual.shape != tuple(out_shape):
+            raise ValueError(f"residual: expected the output's shape {tuple(out_shape)}, got {residual.shape}")
+        found["residual"] = residual.ptr
+    return found
+
+
+def _check_dimensions(m: int, n: int, k: int) -> None:
+    if k < 1:
+        raise ValueError(f"k = {k}: expected at least one term in each sum (the kernels do not compute empty products)")
+    for name, value in (("m", m), ("n", n), ("k", k)):
+        if value > MAX_DIMENSION:
+            raise ValueError(f"{name} = {value}: expected at most {MAX_DIMENSION} (the kernels index with int)")
+
+
+def activation_of(activation) -> str:
+    name = "none" if activation is None else activation
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation: expected None or one of {', '.join(repr(a) for a in ACTIVATIONS if a != 'none')}, "
+                         f"got {activation!r}")
+    return name
+
+
+def matmul_call(a: Operand, b: Operand, bias: Operand | None, residual: Operand | None, activation) -> Call:
+    """The problems `act(a @ b + bias) + residual` may be, from its operands (no GPU needed)."""
+    epilogue = Epilogue(activation_of(activation), bias is not None, residual is not None)
+    given = {"a": a, "b": b, **({"bias": bias} if bias else {}), **({"residual": residual} if residual else {})}
+    dtype, device = _check_common(a.dtype, given)
+    if len(a.shape) == 2:
+        a_readings = [("k" if lay == "row" else "mn", ld) for lay, ld in layouts_2d(a, "a")]
+        m, k = a.shape
+    else:    # (K,) or (..., M, K): rows of K
+        m, k, ld = rows_of(a, "a")
+        a_readings = [("k", ld)]
+    if len(b.shape) != 2 or b.shape[0] != k:
+        raise ValueError(f"b: expected shape ({k}, N) for a of shape {a.shape}, got {b.shape}")
+    n = b.shape[1]
+    b_readings = [("mn" if lay == "row" else "k", ld) for lay, ld in layouts_2d(b, "b")]
+    out_shape = (*a.shape[:-1], n)
+    return _call(m, n, k, dtype, device, a_readings, b_readings, epilogue, out_shape, given, bias, residual)
+
+
+def linear_call(x: Operand, weight: Operand, bias: Operand | None) -> Call:
+    """The problems `x @ weight.T + bias` may be (F.linear's arguments)."""
+    given = {"x": x, "weight": weight, **({"bias": bias} if bias else {})}
+    dtype, device = _check_common(x.dtype, given)
+    m, k, lda = rows_of(x, "x")
+    if len(weight.shape) != 2 or weight.shape[1] != k:
+        raise ValueError(f"weight: expected shape (N, {k}) for x of shape {x.shape}, got {weight.shape}")
+    n = weight.shape[0]
+    b_readings = [("k" if lay == "row" else "mn", ld) for lay, ld in layouts_2d(weight, "weight")]
+    out_shape = (*x.shape[:-1], n)
+    return _call(m, n, k, dtype, device, [("k", lda)], b_readings, Epilogue(bias=bias is not None), out_shape,
+                 {"a": x, "b": weight, **({"bias": bias} if bias else {})}, bias, None)
+
+
+def _call(m, n, k, dtype, device, a_readings, b_readings, epilogue, out_shape, given, bias, residual) -> Call:
+    _check_dimensions(m, n, k)
+    pointers = {"a": given["a"].ptr, "b": given["b"].ptr,
+                **_epilogue_operands(bias, residual, out_shape, n)}
+    ldr = 0
+    if residual is not None and m and n:
+        _, _, ldr = rows_of(residual, "residual")
+    problems = []
+    if m and n:
+        for (a_major, lda) in a_readings:
+            for (b_major, ldb) in b_readings:
+                problems.append(Problem(m, n, k, dtype, a_major, b_major, epilogue, lda=lda, ldb=ldb, ldc=n, ldr=ldr))
+    return Call(problems, tuple(out_shape), pointers, dtype, device)
+
+
+def _distance(problem: Problem, row: dict) -> float:
+    return sum(abs(math.log(getattr(problem, d) / row[d])) for d in ("m", "n", "k"))
+
+
+class ClassKernels:
+    """One class of the manifest: its dispatch table and its usable kernels."""
+
+    def __init__(self, name: str, entry: dict, usable: dict[str, dict]):
+        self.name, self.entry, self.usable = name, entry, usable
+        self.exact = {(d["m"], d["n"], d["k"]): d["candidate"] for d in entry["dispatch"]
+                      if d["candidate"] in usable}
+        self.realisations = {c: Realisation.from_dict(k["realisation"]) for c, k in usable.items()}
+
+    def choose(self, problem: Problem, pointers: dict[str, int]) -> tuple[str, list[str]]:
+        """(the kernel for this call, or None; why each other kernel could not take it)."""
+        why = []
+
+        def takes(cand: str) -> bool:
+            real = self.realisations[cand]
+            reason = RULES[real.template].unsupported(real, problem)
+            alignment = RULES[real.template].operand_alignment(real)
+            if reason is None and any(pointers[o] % alignment for o in ("a", "b")):
+                reason = f"a and b must be {alignment}-byte aligned"
+            if reason:
+                why.append(f"{cand}: {reason}")
+            return reason is None
+        exact = self.exact.get((problem.m, problem.n, problem.k))
+        if exact and takes(exact):
+            return exact, why
+        ranked = sorted(self.usable, key=lambda c: (min((_distance(problem, d) for d in self.entry["dispatch"]
+                                                         if d["candidate"] == c), default=math.inf), c))
+        return next((c for c in ranked if takes(c)), None), why
+
+
+class MatrixKernels:
+    """The matrix section of an instance's manifest, as callable kernels."""
+
+    def __init__(self, path, section: dict, allow_unvalidated: bool, error=RuntimeError):
+        self.path, self.section, self.error = path, section, error
+        self.compute_capability = tuple(section["compute_capability"])
+        self.classes: dict[tuple, ClassKernels] = {}
+        self.skipped: list[str] = []
+        for name, entry in section["classes"].items():
+            usable = {c: k for c, k in entry["kernels"].items() if k["validation"] == "passed" or allow_unvalidated}
+            self.skipped += [f"{name}: {c}" for c in entry["kernels"] if c not in usable]
+            if usable:
+                key = (entry["dtype"], entry["a_major"], entry["b_major"], Epilogue(**entry["epilogue"]))
+                self.classes[key] = ClassKernels(name, entry, usable)
+        self._loaded: dict[tuple[str, int], object] = {}
+        self._checked_devices: set[int] = set()
+        self.chosen: dict[tuple, str] = {}     # (class name, m, n, k) -> the kernel that ran there
+
+    def has(self) -> bool:
+        return bool(self.classes)
+
+    def _class_for(self, call: Call) -> tuple[ClassKernels, Problem]:
+        for problem in call.problems:
+            found = self.classes.get((problem.dtype, problem.a_major, problem.b_major, problem.epilogue))
+            if found:
+                return found, problem
+        p = call.problems[0]
+        asked = " or ".join(sorted({f"{q.a_major}{q.b_major}" for q in call.problems}))
+        have = ", ".join(sorted(c.name for c in self.classes.values())) or "none"
+        skipped = " (some kernels are not validated on the target; load with allow_unvalidated=True to use them)" \
+            if self.skipped else ""
+        raise ValueError(f"no matrix kernels for {p.dtype}, layouts (A, B) {asked}, epilogue {p.epilogue.name} in "
+                         f"{self.path}: it has {have}{skipped}; add the class to the profile's [[matmul]] entries")
+
+    def _check_device(self, device: int) -> None:
+        if device in self._checked_devices:
+            return
+        info = driver.probe_device(device)
+        cc = tuple(info.compute_capability) if info else None
+        if cc != self.compute_capability:
+            raise self.error(f"{self.path}: its matrix kernels are built for {self.section['arch']} (compute capability "
+                             f"{'.'.join(map(str, self.compute_capability))}) and cannot run on "
+                             f"{info.name if info else 'this machine'} (compute capability "
+                             f"{'.'.join(map(str, cc)) if cc else 'none'}); build the profile for it (target=auto)")
+        self._checked_devices.add(device)
+
+    def _kernel(self, cls: ClassKernels, cand: str, device: int):
+        key = (cand, device)
+        if key not in self._loaded:
+            from .launch import MatmulKernel
+            entry = cls.usable[cand]
+            cubin = (self.path / entry["cubin"]).read_bytes()
+            if digest.of_bytes(cubin) != entry["cubin_digest"]:
+                raise self.error(f"{self.path / entry['cubin']}: digest does not match the manifest")
+            driver.use_primary_context(device)
+            self._loaded[key] = MatmulKernel(cls.realisations[cand], cubin)
+        return self._loaded[key]
+
+    def run(self, call: Call, like: Operand, out=None, stream=None):
+        """Launch the call's kernel into `out` (a new array like `like` where None); returns the output."""
+        if out is None:
+            view = arrays.empty_like(arrays.DeviceArray(like.obj, like.ptr, like.shape, like.dtype, like.device,
+                                                        like.shape[-1]), call.out_shape)
+            out_obj, out_ptr = view.obj, view.ptr
+        else:
+            o = operand(out, "out")
+            if o.shape != call.out_shape or o.dtype != call.dtype or o.device != call.device:
+                raise ValueError(f"out: expected shape {call.out_shape}, dtype {call.dtype} on GPU {call.device}, got "
+                                 f"{o.shape} {o.dtype} on GPU {o.device}")
+            if o.strides != _dense_strides(o.shape):
+                raise ValueError(f"out: expected a contiguous array, got strides {o.strides}")
+            out_obj, out_ptr = out, o.ptr
+        if not call.problems:     # M or N is zero: nothing to compute
+            return out_obj
+        cls, problem = self._class_for(call)
+        pointers = {**call.pointers, "c": out_ptr}
+        cand, why = cls.choose(problem, pointers)
+        if cand is None:
+            raise ValueError(f"no packaged kernel of {cls.name} takes {problem.name}: " + "; ".join(why))
+        self._check_device(call.device)
+        kernel = self._kernel(cls, cand, call.device)
+        if stream is None:
+            stream = arrays.current_stream(arrays.DeviceArray(like.obj, like.ptr, like.shape, like.dtype, like.device,
+                                                              like.shape[-1] if like.shape else 1))
+        kernel.launch(problem, pointers, int(stream))
+        self.chosen[(cls.name, problem.m, problem.n, problem.k)] = cand
+        return out_obj
+
+    def matmul(self, a, b, bias=None, residual=None, activation=None, *, out=None, stream=None):
+        ops = {"a": operand(a, "a"), "b": operand(b, "b")}
+        extra = {name: operand(v, name) for name, v in (("bias", bias), ("residual", residual)) if v is not None}
+        call = matmul_call(ops["a"], ops["b"], extra.get("bias"), extra.get("residual"), activation)
+        return self.run(call, ops["a"], out, stream)
+
+    def linear(self, x, weight, bias=None, *, out=None, stream=None):
+        xo, wo = operand(x, "x"), operand(weight, "weight")
+        call = linear_call(xo, wo, operand(bias, "bias") if bias is not None else None)
+        return self.run(call, xo, out, stream)

@@ -1,0 +1,209 @@
+"""inst.matmul and inst.linear on a machine without a GPU (aicg/matrix/dispatch.py): the layout of
+each operand read from its strides, every argument check with its message, the kernel chosen per
+shape (the workload shape's, else the nearest one that takes the call), validated kernels only,
+the target's architecture, and the PyTorch operators on the meta device."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import aicg
+from aicg.matrix import dispatch, space
+from aicg.matrix.dispatch import Operand
+from aicg.matrix.space import Epilogue
+
+BF16 = "bfloat16"
+
+
+def operand(shape, strides=None, dtype=BF16, ptr=1 << 20, device=0):
+    return Operand(None, ptr, tuple(shape), tuple(strides) if strides else dispatch._dense_strides(shape), dtype,
+                   device)
+
+
+def transposed(rows, cols, **kw):
+    """The transpose of a contiguous cols x rows matrix: a rows x cols column-major view."""
+    return operand((rows, cols), (1, rows), **kw)
+
+
+# --- layouts and argument checks ------------------------------------------------------------
+
+def test_linear_reads_f_linear_weights_as_k_major_b():
+    call = dispatch.linear_call(operand((4, 4096)), operand((6144, 4096)), operand((6144,)))
+    (p,) = call.problems
+    assert (p.m, p.n, p.k, p.a_major, p.b_major, p.lda, p.ldb) == (4, 6144, 4096, "k", "k", 4096, 4096)
+    assert p.epilogue == Epilogue(bias=True) and call.out_shape == (4, 6144)
+
+
+def test_matmul_reads_each_operand_layout_from_its_strides():
+    row_b = dispatch.matmul_call(operand((8, 64)), operand((64, 32)), None, None, None).problems
+    assert [(p.a_major, p.b_major, p.ldb) for p in row_b] == [("k", "mn", 32)]
+    weight_t = dispatch.matmul_call(operand((8, 64)), transposed(64, 32), None, None, "silu").problems
+    assert [(p.a_major, p.b_major, p.ldb, p.epilogue.activation) for p in weight_t] == [("k", "k", 64, "silu")]
+    col_a = dispatch.matmul_call(transposed(8, 64), operand((64, 32)), None, None, None).problems
+    assert [(p.a_major, p.lda) for p in col_a] == [("mn", 8)]
+    wide = dispatch.matmul_call(operand((8, 64), (80, 1)), operand((64, 32), (40, 1)), None, None, None).problems
+    assert [(p.lda, p.ldb) for p in wide] == [(80, 40)]
+
+
+def test_batched_rows_and_a_single_row_are_rows_of_k():
+    call = dispatch.matmul_call(operand((2, 3, 64)), operand((64, 16)), None, operand((2, 3, 16)), "gelu_erf")
+    assert call.out_shape == (2, 3, 16) and {(p.m, p.ldr) for p in call.problems} == {(6, 16)}
+    single = dispatch.matmul_call(operand((1, 64)), operand((64, 16)), None, None, None).problems
+    assert {(p.m, p.a_major) for p in single} == {(1, "k"), (1, "mn")}   # either reading; the instance's class wins
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: dispatch.matmul_call(operand((8, 64), dtype="float32"), operand((64, 32), dtype="float32"), None, None,
+                                  None), "a: expected bfloat16 or float16"),
+    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32), dtype="float16"), None, None, None),
+     "b: expected dtype bfloat16"),
+    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32), device=1), None, None, None),
+     "b: expected an array on GPU 0"),
+    (lambda: dispatch.matmul_call(operand((8, 64)), operand((65, 32)), None, None, None),
+     "b: expected shape (64, N) for a of shape (8, 64), got (65, 32)"),
+    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32), (64, 2)), None, None, None),
+     "b: expected a row-major matrix or the transpose of one"),
+    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32)), operand((31,)), None, None),
+     "bias: expected a contiguous vector of shape (32,)"),
+    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32)), operand((32,), (2,)), None, None),
+     "bias: expected a contiguous vector of shape (32,)"),
+    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32)), None, operand((32, 8)), None),
+     "residual: expected the output's shape (8, 32)"),
+    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32)), None, None, "relu"),
+     "activation: expected None or one of 'gelu_tanh', 'gelu_erf', 'silu', got 'relu'"),
+    (lambda: dispatch.matmul_call(operand((8, 0)), operand((0, 32)), None, None, None),
+     "k = 0: expected at least one term"),
+    (lambda: dispatch.linear_call(operand((8, 64)), operand((32, 65)), None),
+     "weight: expected shape (N, 64) for x of shape (8, 64), got (32, 65)"),
+    (lambda: dispatch.linear_call(operand((8, 64), dtype="float64"), operand((32, 64), dtype="float64"), None),
+     "x: expected bfloat16 or float16"),
+])
+def test_a_bad_call_says_what_is_wrong(make, message):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert message in str(info.value)
+
+
+def test_an_empty_output_computes_nothing():
+    call = dispatch.matmul_call(operand((0, 64)), operand((64, 32)), None, None, None)
+    assert call.problems == [] and call.out_shape == (0, 32)
+
+
+# --- choosing a kernel --------------------------------------------------------------------------
+
+TRIED = {name: tpl.tried for name, tpl in space.templates().items()}
+GEMV = space.realisation("gemv", BF16, "k", "k", Epilogue(), **TRIED["gemv"][0])
+WGMMA = space.realisation("wgmma", BF16, "k", "k", Epilogue(), **TRIED["wgmma"][0])
+
+
+def section(validation="passed"):
+    def kernel(real, status):
+        cid = f"matmul.{real.name}"
+        return cid, {"realisation": real.as_dict(), "cubin": f"kernels/matmul/{cid}.cubin", "cubin_digest": "x",
+                     "validation": status}
+    gemv_id, gemv = kernel(GEMV, validation)
+    wgmma_id, wgmma = kernel(WGMMA, "passed")
+    dispatch_rows = [{"m": 1, "n": 4096, "k": 4096, "candidate": gemv_id, "status": validation},
+                     {"m": 4096, "n": 4096, "k": 4096, "candidate": wgmma_id, "status": "passed"}]
+    return {"entry": "aicg_matmul", "arch": "sm_90a", "compute_capability": [9, 0],
+            "classes": {"matmul.bfloat16.kk.plain": {"dtype": BF16, "a_major": "k", "b_major": "k",
+                                                     "epilogue": Epilogue().as_dict(), "dispatch": dispatch_rows,
+                                                     "kernels": {gemv_id: gemv, wgmma_id: wgmma}}}}, gemv_id, wgmma_id
+
+
+def chosen_for(kernels, m, n, k, a_ptr=1 << 20):
+    call = dispatch.linear_call(operand((m, k), ptr=a_ptr), operand((n, k)), None)
+    cls, problem = kernels._class_for(call)
+    return cls.choose(problem, {**call.pointers, "c": 1 << 30})
+
+
+def test_a_workload_shape_runs_its_kernel_and_another_the_nearest_that_takes_it(tmp_path):
+    data, gemv_id, wgmma_id = section()
+    kernels = dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=False)
+    assert chosen_for(kernels, 1, 4096, 4096)[0] == gemv_id
+    assert chosen_for(kernels, 4096, 4096, 4096)[0] == wgmma_id
+    assert chosen_for(kernels, 2, 4000, 4096)[0] == gemv_id           # nearest: the decode shape
+    assert chosen_for(kernels, 64, 4096, 4096)[0] == wgmma_id         # M > 16: the decode kernel does not take it
+    cand, why = chosen_for(kernels, 4, 4096, 4096, a_ptr=(1 << 20) + 2)   # a 2-byte aligned A: neither takes it
+    assert cand is None and len(why) == 2 and all("16-byte aligned" in w for w in why)
+
+
+def test_unvalidated_kernels_are_refused_unless_asked(tmp_path):
+    data, gemv_id, wgmma_id = section(validation="unvalidated")
+    strict = dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=False)
+    assert chosen_for(strict, 1, 4096, 4096)[0] == wgmma_id and strict.skipped == [f"matmul.bfloat16.kk.plain: {gemv_id}"]
+    assert chosen_for(dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=True), 1, 4096, 4096)[0] == gemv_id
+
+
+def test_a_call_of_a_class_the_instance_lacks_names_what_it_has(tmp_path):
+    kernels = dispatch.MatrixKernels(tmp_path, section()[0], allow_unvalidated=False)
+    call = dispatch.matmul_call(operand((8, 64)), operand((64, 32)), None, None, None)   # b row-major: "mn"
+    with pytest.raises(ValueError, match=r"no matrix kernels for bfloat16, layouts \(A, B\) kmn, epilogue plain in .*: "
+                                         r"it has matmul.bfloat16.kk.plain; add the class"):
+        kernels._class_for(call)
+
+
+def test_kernels_built_for_another_architecture_are_refused_before_loading(tmp_path, monkeypatch):
+    class Refused(RuntimeError):
+        pass
+    kernels = dispatch.MatrixKernels(tmp_path, section()[0], allow_unvalidated=False, error=Refused)
+    monkeypatch.setattr(dispatch.driver, "probe_device", lambda ordinal=0: None)
+    with pytest.raises(Refused, match=r"built for sm_90a \(compute capability 9.0\) and cannot run on this machine"):
+        kernels._check_device(0)
+
+
+# --- the instance ------------------------------------------------------------------------------
+
+def make_instance(root, validation="passed"):
+    data, _, _ = section(validation)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "manifest.json").write_text(json.dumps({"instance": "mm-test", "kernels": {}, "matrix": data}))
+    return root
+
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
+
+
+def test_the_instance_has_matmul_and_linear_with_their_signatures(tmp_path, torch):
+    inst = aicg.load(make_instance(tmp_path / "i"))
+    assert str(inst.matmul.__signature__) == "(a, b, bias=None, residual=None, activation=None, *, out=None, stream=None)"
+    assert str(inst.linear.__signature__) == "(x, weight, bias=None, *, out=None, stream=None)"
+    assert "matmul.bfloat16.kk.plain" in inst.linear.__doc__
+    with pytest.raises(TypeError, match="x: expected an array in GPU memory, got one on cpu"):
+        inst.linear(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(32, 64, dtype=torch.bfloat16))
+
+
+def test_an_instance_whose_matrix_kernels_are_unvalidated_says_how_to_use_them(tmp_path, torch):
+    data, _, _ = section("unvalidated")
+    for k in data["classes"]["matmul.bfloat16.kk.plain"]["kernels"].values():
+        k["validation"] = "unvalidated"
+    root = tmp_path / "i"
+    root.mkdir()
+    (root / "manifest.json").write_text(json.dumps({"instance": "mm-test", "kernels": {}, "matrix": data}))
+    with pytest.raises(AttributeError, match="not validated on the target; load with allow_unvalidated=True"):
+        aicg.load(root).matmul
+    assert aicg.load(root, allow_unvalidated=True).matmul
+
+
+def test_the_pytorch_operators_trace_on_the_meta_device(tmp_path, torch):
+    inst = aicg.load(make_instance(tmp_path / "i"))
+    ops = getattr(torch.ops, inst.namespace)
+    x = torch.empty(2, 3, 64, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(32, 64, dtype=torch.bfloat16, device="meta")
+    assert ops.linear(x, w).shape == (2, 3, 32)
+    assert ops.matmul(x, w.t(), None, None, "gelu_tanh").shape == (2, 3, 32)
+    with pytest.raises(ValueError, match=r"weight: expected shape \(N, 64\)"):
+        ops.linear(x, w.t())
+    with torch.no_grad():
+        compiled = torch.compile(lambda x, w: inst.linear(x, w) * 2, fullgraph=True, backend="eager")
+        assert compiled(x, w).shape == (2, 3, 32)
+
+
+def test_a_call_that_needs_a_gradient_is_refused_clearly(tmp_path, torch):
+    inst = aicg.load(make_instance(tmp_path / "i"))
+    x = torch.empty(4, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    with pytest.raises(RuntimeError, match="no backward kernel or formula in this instance yet"):
+        inst.linear(x, torch.empty(32, 64, dtype=torch.bfloat16, device="meta"))
