@@ -7,6 +7,7 @@ store (as a GPU node's build leaves them) making them valid."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -365,35 +366,65 @@ def test_a_bitwise_matmul_profile_fails_in_its_legality_step_with_the_hint(tmp_p
     assert "Set order = 'fixed'" in run.output and run.compilations == 0
 
 
-def test_validations_in_the_store_make_the_matrix_kernels_valid_and_fastest_wins(built, tmp_path):
-    """As a GPU node's build leaves them (invented checks and times: the test is about where they go)."""
-    project = shutil.copytree(built[0], tmp_path / "copy")
+@pytest.fixture(scope="module")
+def validated(built, tmp_path_factory):
+    """A copy of the CPU build whose store holds a passing validation of every matrix candidate, as a GPU
+    node's build leaves them (invented checks and times: the tests are about where they go), rebuilt:
+    (project, the run, shape -> the least time put there)."""
+    project = shutil.copytree(built[0], tmp_path_factory.mktemp("validated") / "p")
     instance = graph.load_instance(graph.Layout(project), project / "rulesets/profiles/matmul.toml", project / "build")
     local = instance.env.store.local
-    chosen = {}
+    fastest = {}
     for s in (x for x in instance.steps if x.kind == "validate"):
         cand = s.name.split(":", 1)[1]
-        shapes = json.loads(json.dumps(s.reads["shapes"]))
+        shapes = s.reads["shapes"]
         times = [1e-3 / (1 + ("gemv" in cand) * (m <= 16) + ("s3" in cand)) for m, _, _ in shapes]
         outcome = {"status": "passed", "reason": None, "device": instance.hardware.name,
-                   "checks": [{"problem": "p", "shape": shapes[0], "passed": True}],
-                   "timings": [{"shape": sh, "median_seconds": t} for sh, t in zip(shapes, times)]}
+                   "checks": [{"problem": "p", "shape": list(shapes[0]), "passed": True}],
+                   "timings": [{"shape": list(sh), "median_seconds": t} for sh, t in zip(shapes, times)]}
         for sh, t in zip(shapes, times):
-            if tuple(sh) not in chosen or t < chosen[tuple(sh)][1]:
-                chosen[tuple(sh)] = (cand, t)
+            fastest[tuple(sh)] = min(t, fastest.get(tuple(sh), math.inf))
         local.put_action(cas.ActionEntry(step.key(s, instance.env), "validate",
                                          {s.targets[0]: local.put_blob(graph.to_json(outcome))}))
     shutil.rmtree(project / "build")
     run = doit(project, "build", MATMUL)
     assert run.code == 0, run.output
-    assert run.compilations == 0
+    return project, run, fastest, instance.hardware.name
+
+
+def check_valid(project, fastest, gpu):
     manifest = json.loads((project / "build/h100-matmul/manifest.json").read_text())
     for entry in manifest["matrix"]["classes"].values():
         assert entry["status"] == "passed"
         for d in entry["dispatch"]:
-            assert d["status"] == "passed" and d["measured_seconds"] == chosen[(d["m"], d["n"], d["k"])][1]
-            assert entry["kernels"][d["candidate"]]["validated_on"] == instance.hardware.name
+            assert d["status"] == "passed" and d["measured_seconds"] == fastest[(d["m"], d["n"], d["k"])]
+            assert entry["kernels"][d["candidate"]]["validated_on"] == gpu
     assert "UNVALIDATED" not in (project / "build/h100-matmul/report.md").read_text()
+    return manifest
+
+
+def test_validations_in_the_store_make_the_matrix_kernels_valid_and_the_fastest_wins(validated):
+    project, run, fastest, gpu = validated
+    assert run.compilations == 0
+    check_valid(project, fastest, gpu)
+
+
+def test_a_machine_without_a_gpu_takes_the_matrix_validations_from_the_record(validated, tmp_path):
+    project, _, fastest, gpu = validated
+    run = doit(project, "record", MATMUL)
+    assert run.code == 0, run.output
+    record_file = project / "hwdb/h100-sxm.validations.jsonl"
+    lines = [json.loads(line) for line in record_file.read_text().splitlines()]
+    mine = [line for line in lines if line["instance"] == "h100-matmul"]
+    assert mine and all(line["step"].startswith("validate:matmul.") and line["gpu"] == gpu for line in mine)
+    clone = make_project(tmp_path / "clone")
+    shutil.copy(record_file, clone / "hwdb")
+    run = doit(clone, "build", MATMUL)
+    assert run.code == 0, run.output
+    assert f"{len(mine)} validations from the record" in run.output
+    assert json.loads((clone / "build/h100-matmul/manifest.json").read_bytes()) == \
+        json.loads((project / "build/h100-matmul/manifest.json").read_bytes())
+    check_valid(clone, fastest, gpu)
 
 
 def test_the_default_instance_carries_no_matrix_section(tmp_path):
