@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,30 +130,53 @@ class LoadedGraph:
         return getattr(self.full(), attr)
 
 
-def _file_digests(directory: Path, label: str, into: dict) -> None:
+class Stamps:
+    """File digests by (size, mtime, inode), as the kept graph recorded them: a file whose stat is
+    unchanged is not read again (a file changed within RACY seconds of the recording is, as git
+    treats its index)."""
+    RACY_NS = 2_000_000_000
+
+    def __init__(self, recorded: dict | None = None, written_ns: int = 0):
+        self.recorded, self.written_ns = recorded or {}, written_ns
+        self.now: dict[str, list] = {}
+
+    def digest(self, label: str, path: Path) -> str:
+        stat = os.stat(path)
+        stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        seen = self.recorded.get(label)
+        if seen is not None and seen[:3] == stamp and stat.st_mtime_ns + self.RACY_NS < self.written_ns:
+            found = seen[3]
+        else:
+            found = digest.of_file(path)
+        self.now[label] = [*stamp, found]
+        return found
+
+
+def _file_digests(directory: Path, label: str, into: dict, stamps: Stamps) -> None:
     for path in sorted(Path(directory).rglob("*")):
         if "__pycache__" not in path.parts and path.is_file():
-            into[f"{label}/{path.relative_to(directory).as_posix()}"] = digest.of_file(path)
+            name = f"{label}/{path.relative_to(directory).as_posix()}"
+            into[name] = stamps.digest(name, path)
 
 
-def inputs_digest(layout, profile: Path, target: str | None) -> str | None:
+def inputs_digest(layout, profile: Path, target: str | None, stamps: Stamps) -> str | None:
     """The digest of everything loading the graph reads; None where a file cannot be read (the
     instance is then loaded in full, whose loaders say what is wrong with it)."""
     try:
-        return _inputs_digest(layout, profile, target)
+        return _inputs_digest(layout, profile, target, stamps)
     except OSError:
         return None
 
 
-def _inputs_digest(layout, profile: Path, target: str | None) -> str:
+def _inputs_digest(layout, profile: Path, target: str | None, stamps: Stamps) -> str:
     from importlib import metadata
 
     from . import toolchain
     files: dict[str, str] = {}
     for label, directory in (("aicg", AICG_DIR), ("rulesets", layout.rules), ("hwdb", layout.hwdb),
                              ("kernels", layout.kernels)):
-        _file_digests(directory, label, files)
-    files["profile"] = digest.of_file(profile)
+        _file_digests(directory, label, files, stamps)
+    files["profile"] = stamps.digest("profile", profile)
     versions = {}
     for name in PACKAGES:
         try:
@@ -175,7 +199,7 @@ def kept_path(root: Path, profile: Path, target: str | None) -> Path:
     return local / GRAPHS / f"{digest.of_value([str(root), str(profile), target])[:32]}.msgpack"
 
 
-def _read(path: Path, inputs: str) -> dict | None:
+def _read(path: Path) -> dict | None:
     try:
         wrapper = digest.unpack(path.read_bytes())
         body = wrapper["body"]
@@ -184,7 +208,7 @@ def _read(path: Path, inputs: str) -> dict | None:
         table = digest.unpack(body)
     except Exception:   # missing, unreadable or damaged: loaded in full, and written again
         return None
-    return table if table.get("schema") == SCHEMA and table.get("inputs") == inputs else None
+    return table if isinstance(table, dict) and table.get("schema") == SCHEMA else None
 
 
 def _write(path: Path, table: dict) -> None:
@@ -240,9 +264,10 @@ def load(layout, profile: Path, target: str | None, recache: bool, notes_of) -> 
         return graph.load_instance(layout, profile, layout.root / "build", recache=recache, target=target)
 
     kept = kept_path(layout.root, profile, target)
-    inputs = None if target == AUTO else inputs_digest(layout, profile, target)
-    table = _read(kept, inputs) if inputs is not None else None
-    if table is not None:
+    table = _read(kept) if target != AUTO else None
+    stamps = Stamps(table.get("stamps"), table.get("written_ns", 0)) if table else Stamps()
+    inputs = None if target == AUTO else inputs_digest(layout, profile, target, stamps)
+    if table is not None and inputs is not None and table.get("inputs") == inputs:
         return _from_table(table, layout, recache, load_full, kept)
     instance = load_full()
     notes = notes_of(instance)
@@ -251,6 +276,6 @@ def load(layout, profile: Path, target: str | None, recache: bool, notes_of) -> 
         env.read_digests = {s.name: instance.env.reads_digest(s) for s in instance.steps}
         written = _table(instance, inputs, notes, env.read_digests)
         if written is not None:
-            _write(kept, written)
+            _write(kept, {**written, "stamps": stamps.now, "written_ns": time.time_ns()})
     return LoadedGraph(instance.name, env, layout, instance.steps, instance.hardware.target, notes, load_full,
                        instance=instance)

@@ -122,6 +122,20 @@ def test_an_edit_of_an_input_loads_the_graph_again(tmp_path, monkeypatch):
     assert doit(project, "list", PROFILE).code == 0 and loads == [1]   # kept again
 
 
+def test_a_file_read_again_only_where_its_stat_changed(tmp_path):
+    path = tmp_path / "rules.toml"
+    path.write_text("a = 1\n")
+    os.utime(path, ns=(10**18, 10**18))
+    first = cli_graph.Stamps()
+    assert first.digest("rules.toml", path) == digest.of_bytes(b"a = 1\n")
+    kept = cli_graph.Stamps(first.now, written_ns=10**18 + 3 * cli_graph.Stamps.RACY_NS)
+    path.write_text("a = 2\n")          # the same size, another mtime
+    assert kept.digest("rules.toml", path) == digest.of_bytes(b"a = 2\n")
+    racy = cli_graph.Stamps({"rules.toml": [*first.now["rules.toml"][:3], "stale"]}, written_ns=10**18)
+    os.utime(path, ns=(10**18, 10**18))
+    assert racy.digest("rules.toml", path) == digest.of_bytes(b"a = 2\n")   # recorded too soon after: read
+
+
 def test_a_damaged_kept_graph_is_a_miss(tmp_path, monkeypatch):
     project = make_project(tmp_path / "p")
     assert doit(project, "list", PROFILE).code == 0

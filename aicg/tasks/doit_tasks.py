@@ -257,7 +257,7 @@ class BuildReporter(ConsoleReporter):
         instance = _loaded.get("instance")
         if instance is None:
             return
-        _record_build(instance)
+        _record_build(instance, changed=bool(ran or local or remote or recorded or self.failures))
         processed = set(ran) | set(local) | set(remote) | set(recorded) | set(self.fresh)
         if "package" in processed and not self.failures:
             manifest_path = instance.env.instance_dir / "manifest.json"
@@ -279,10 +279,13 @@ def _to_process(tasks: dict, selected: list[str]) -> set[str]:
     return {n for n in seen if tasks[n].actions}
 
 
-def _record_build(instance: cli_graph.LoadedGraph) -> None:
+def _record_build(instance: cli_graph.LoadedGraph, changed: bool = True) -> None:
     """Where each artifact came from (provenance.json beside the manifest, which
-    stays bit-identical whatever its origin) and the store's counters."""
+    stays bit-identical whatever its origin) and the store's counters; a build that
+    changed nothing leaves the provenance a build wrote."""
     env = instance.env
+    if not changed and (env.instance_dir / "provenance.json").exists() and not env.store.stats:
+        return
     origins = {s.name: (env.receipt(s.name) or {}).get("origin") for s in instance.steps}
     if any(origins.values()):
         cas.write_atomic(env.instance_dir / "provenance.json",

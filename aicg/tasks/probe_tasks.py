@@ -16,6 +16,7 @@ import importlib.util
 import math
 import sys
 import time
+import tokenize
 from pathlib import Path
 
 from doit import get_var
@@ -71,14 +72,21 @@ def run_probe(name: str, hwdb_dir: Path) -> dict:
 
 
 def _first_doc_line(name: str) -> str:
-    """The first line of probe `name`'s doc string, read from its source: importing a probe
-    loads the CUDA bindings, which `doit list` should not wait for."""
+    """The first line of probe `name`'s doc string, read from its source (its first token, a
+    string): importing a probe loads the CUDA bindings, which `doit list` should not wait for."""
     spec = importlib.util.find_spec(f"{registry.__package__}.{name}")
+    doc = None
     try:
-        doc = ast.get_docstring(ast.parse(Path(spec.origin).read_bytes())) if spec and spec.origin else None
-    except (OSError, SyntaxError, ValueError):
+        with open(spec.origin, encoding="utf-8") as source:
+            for token in tokenize.generate_tokens(source.readline):
+                if token.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENCODING):
+                    continue
+                if token.type == tokenize.STRING:
+                    doc = ast.literal_eval(token.string)
+                break
+    except (OSError, SyntaxError, ValueError, tokenize.TokenError, AttributeError, TypeError):
         doc = None
-    return (doc or name).strip().splitlines()[0]
+    return (doc if isinstance(doc, str) and doc.strip() else name).strip().splitlines()[0]
 
 
 def task_probe():
