@@ -3,6 +3,7 @@ kept graph (aicg/cli_graph.py), progress, and where inputs come from (aicg/cli_l
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import pytest
@@ -199,6 +200,8 @@ def test_a_parallel_build_is_the_serial_one(built, tmp_path):
     assert run.code == 0, run.output
     assert "1 tasks ran" not in run.output and " up to date, in " in run.output
     assert instance_files(project) == instance_files(built)
+    counters = json.loads((project / "cache/last-build.json").read_text())["counters"]
+    assert counters.get("misses", 0) >= 6, counters   # counted in the workers, summed here
     assert "nothing to do" in doit(project, "-n", "2", "build", PROFILE).output
 
 

@@ -9,6 +9,7 @@ database is local bookkeeping only.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -59,18 +60,22 @@ def load() -> cli_graph.LoadedGraph:
                                 lambda instance: _notes(instance, layout.root))
     except (InputError, CompileError) as err:
         raise InvalidDodoFile(str(err)) from None
-    _loaded["instance"] = loaded
+    _loaded["instance"], _loaded["pid"] = loaded, os.getpid()
     for note in loaded.notes:
         print(f"aicg: {note}", file=sys.stderr, flush=True)
     return loaded
 
 
 def _action(name: str, loaded: cli_graph.LoadedGraph):
+    counted = dict(loaded.env.store.stats)
     try:
         origin = steps.execute(loaded.step(name), loaded.env)
-        return {"origin": origin if origin in ("local", "remote", "record") else "ran"}
     except (InputError, CompileError, InputChanged, DeviceError, cli_graph.GraphChanged) as err:
         return TaskFailed(str(err))
+    values = {"origin": origin if origin in ("local", "remote", "record") else "ran"}
+    if os.getpid() != _loaded.get("pid"):   # a doit -n worker: its store's counters go back with the result
+        values["store"] = {k: n - counted.get(k, 0) for k, n in loaded.env.store.stats.items() if n != counted.get(k, 0)}
+    return values
 
 
 def _task(step: steps.Step, loaded: cli_graph.LoadedGraph, meta: dict) -> dict:
@@ -224,6 +229,9 @@ class BuildReporter(ConsoleReporter):
         self._done(task)
         if self._is_step(task):
             self.origins[task.values.get("origin", "ran")].append(task.name)
+        loaded = _loaded.get("instance")
+        if loaded is not None and task.values.get("store"):
+            loaded.env.store.stats.update(task.values["store"])
 
     def skip_uptodate(self, task):
         self._done(task)
