@@ -87,6 +87,7 @@ class LoadedGraph:
         self.name, self.env, self.layout, self.steps, self.target, self.notes = name, env, layout, steps_, target, notes
         self._load_full, self._instance, self._kept = load_full, instance, kept
         self._full_steps: dict[str, steps.Step] | None = None
+        self._failed: Exception | None = None
 
     @property
     def from_kept_graph(self) -> bool:
@@ -94,12 +95,19 @@ class LoadedGraph:
 
     def full(self):
         """The instance as aicg.tasks.graph.load_instance gives it."""
+        if self._failed is not None:
+            raise self._failed
         if self._instance is None:
-            instance = self._load_full()
+            try:
+                instance = self._load_full()
+            except Exception as err:   # said once per step that needs it, loaded once
+                self._failed = err
+                raise
             if [s.name for s in instance.steps] != [s.name for s in self.steps]:
                 self.forget()
-                raise GraphChanged("the instance's steps are not those of its kept graph, which is removed; "
-                                   "run the command again")
+                self._failed = GraphChanged("the instance's steps are not those of its kept graph, which is "
+                                            "removed; run the command again")
+                raise self._failed
             self._instance = instance
         return self._instance
 
@@ -121,7 +129,10 @@ class LoadedGraph:
     def is_fresh(self, step: steps.Step) -> bool:
         fresh = steps.is_fresh(step, self.env)
         if not fresh and self._kept is not None:
-            self.full()   # here, before doit forks the workers that run it
+            try:
+                self.full()   # here, before doit forks the workers that run it
+            except Exception:   # the step's action loads it again, and fails saying why
+                pass
         return fresh
 
     def __getattr__(self, attr):

@@ -157,6 +157,21 @@ def test_a_step_of_the_kept_graph_runs_as_loaded(built, tmp_path):
     assert instance_files(built) == before
 
 
+def test_a_kept_graph_that_is_not_the_instance_runs_nothing_and_is_removed(tmp_path):
+    project = make_project(tmp_path / "p")
+    assert doit(project, "build", PROFILE).code == 0
+    (kept,) = (project / "cache" / cli_graph.GRAPHS).iterdir()
+    table = cli_graph._read(kept)
+    row = next(r for r in table["steps"] if r["name"] == "select:softmax")
+    row["reads"] = digest.of_value("another value")
+    cli_graph._write(kept, table)
+    (project / "build/small/select/softmax.json").unlink()
+    run = doit(project, "build", PROFILE)
+    assert run.code != 0 and "select:softmax reads other values than its kept graph said" in run.output
+    assert not kept.exists() and not (project / "build/small/select/softmax.json").exists()
+    assert doit(project, "build", PROFILE).code == 0 and (project / "build/small/select/softmax.json").exists()
+
+
 def test_receipts_written_by_another_process_are_read_again(tmp_path):
     from aicg.store import LayeredStore
     from aicg import config
