@@ -227,3 +227,47 @@ def test_parallel_by_default_where_no_gpu_is_present(monkeypatch):
     monkeypatch.setattr(cli_graph, "no_gpu_here", lambda: False)
     assert cli.processes() == 1
     assert cli.DOIT_CONFIG["num_process"] >= 1 and cli.tasks()["DOIT_CONFIG"] is cli.DOIT_CONFIG
+
+
+# -- where inputs come from ----------------------------------------------------------------
+
+def test_a_directory_of_its_own_reads_the_shipped_inputs(tmp_path):
+    layout = cli_layout.resolve(tmp_path)
+    assert layout.rules == cli_layout.shipped("rulesets") and layout.kernels == cli_layout.shipped("kernels")
+    assert layout.hwdb == cli_layout.shipped("hwdb") and layout.own_hwdb == tmp_path / "hwdb"
+    shipped_profile = cli_layout.profile_path("rulesets/profiles/fast.toml", tmp_path)
+    assert shipped_profile == cli_layout.shipped("rulesets") / "profiles/fast.toml"
+    with pytest.raises(InputError, match="Did you mean rulesets/profiles/fast.toml"):
+        cli_layout.profile_path("rulesets/profiles/fats.toml", tmp_path)
+
+
+def test_a_users_hwdb_entries_over_the_shipped_ones(tmp_path):
+    own = tmp_path / "hwdb"
+    own.mkdir()
+    (own / "my-gpu.toml").write_text("# mine\n")
+    (own / "l4.toml").write_text("# my L4\n")
+    layout = cli_layout.resolve(tmp_path)
+    view = layout.hwdb
+    assert view == tmp_path / cli_layout.VIEW
+    assert (view / "my-gpu.toml").read_text() == "# mine\n" and (view / "l4.toml").read_text() == "# my L4\n"
+    assert (view / "h100-sxm.toml").read_bytes() == (cli_layout.shipped("hwdb") / "h100-sxm.toml").read_bytes()
+    (own / "l4.toml").unlink()
+    (own / "my-gpu.toml").unlink()
+    view = cli_layout.resolve(tmp_path).hwdb
+    assert not (view / "my-gpu.toml").exists()
+    assert (view / "l4.toml").read_bytes() == (cli_layout.shipped("hwdb") / "l4.toml").read_bytes()
+
+
+def test_a_record_is_written_to_the_users_hwdb_starting_from_the_shipped_one(tmp_path):
+    from aicg.tasks import record_task
+    (tmp_path / "hwdb").mkdir()
+    layout = cli_layout.resolve(tmp_path)
+    path = record_task._own_record(layout, "h100-sxm")
+    assert path == tmp_path / "hwdb/h100-sxm.validations.jsonl"
+    assert path.read_bytes() == (cli_layout.shipped("hwdb") / "h100-sxm.validations.jsonl").read_bytes()
+
+
+def test_a_project_of_its_own_reads_its_own_inputs(tmp_path):
+    project = make_project(tmp_path / "p")
+    layout = cli_layout.resolve(project)
+    assert (layout.rules, layout.hwdb, layout.kernels) == (project / "rulesets", project / "hwdb", project / "kernels")

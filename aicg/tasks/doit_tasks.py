@@ -106,7 +106,7 @@ def task_instance():
            "actions": None, "task_dep": ["package"], "meta": graph_meta}
     yield {"basename": "record", "doc": f"build {loaded.name}, then write what this GPU validated to "
                                         f"hwdb/{loaded.target}.validations.jsonl",
-           "actions": [(record_task.run_record, [loaded.full])], "task_dep": ["package"], "uptodate": [False],
+           "actions": [(_record, [loaded])], "task_dep": ["package"], "uptodate": [False],
            "verbosity": 2, "meta": graph_meta}
     yield {"basename": "explain", "doc": "print why rules and families are legal or not: doit explain [op=..] [dtype=..] [profile=..]",
            "actions": [(_explain, [loaded])], "uptodate": [False], "verbosity": 2,
@@ -122,6 +122,14 @@ def task_instance():
 EXPLORER = "build/explore/index.html"
 EXPLORER_CODE = ("explore.py", "legality.py", "accuracy.py", "ruleset.py")   # in aicg/semantics/
 REPORTS = {"explain", "explore"}
+
+
+def _record(loaded: cli_graph.LoadedGraph):
+    try:
+        loaded.full()
+    except (InputError, CompileError, cli_graph.GraphChanged) as err:
+        return TaskFailed(str(err))
+    return record_task.run_record(loaded.full)
 
 
 def _explain(loaded: cli_graph.LoadedGraph):
