@@ -20,7 +20,7 @@ import shutil
 import numpy as np
 import pytest
 
-from aicg.backward.ops import BACKWARD_OPS, BY_FORWARD, draw, reference
+from aicg.backward.ops import BY_FORWARD, draw, reference
 from aicg.dtypes import DTYPES
 from doit_project import REPO, doit, instance_dir, make_project, profile_text
 
