@@ -3,6 +3,8 @@ docs/performance.md. Every number comes from docs/bench/*.json (and, for a matri
 the tensor-core peak, from the hwdb entry its run names)."""
 from __future__ import annotations
 
+import math
+
 import functools
 import tomllib
 from pathlib import Path
@@ -77,17 +79,31 @@ def _ratio(case: dict) -> float | None:
 
 
 def _grid_line(day: list[bench.Run]) -> tuple[str, float, str] | None:
-    """(what the grid covered, geometric mean of aicg over cuBLAS, the worst case) of the day's grid stage."""
-    grid = bench.matrix_summaries(day).get("grid")
-    if not grid:
+    """(what the grid covered, geometric mean of aicg over cuBLAS, the worst case) over the day's grid
+    cases, each from the last run that has it (a day's runs may each time part of the grid)."""
+    cases = [c for c in bench.matrix_cases(day) if c["stage"] == "grid"]
+    ratios = [(r, c["problem"].split()[0]) for c in cases if (r := _ratio(c))]
+    if not ratios:
         return None
-    args = next((r.data.get("args", {}) for r in reversed(day) if "grid" in r.data.get("args", {}).get("stages", [])), {})
-    planned = len(args.get("grid_m", [])) * len(args.get("grid_nk", [])) or None
-    m, n, k, worst = grid["worst"]
-    reached = f"{grid['cases']} of {planned}" if planned else f"{grid['cases']}"
-    return (f"M {min(args.get('grid_m', [m]))}..{max(args.get('grid_m', [m]))} × "
-            f"{len(args.get('grid_nk', []))} weight shapes, {reached} cases reached", grid["geomean_ratio_to_cublas"],
-            f"{worst:.2f} at {m}×{n}×{k}")
+    planned = {(m, n, k) for r in day if "grid" in r.data.get("args", {}).get("stages", [])
+               for m in r.data["args"].get("grid_m", []) for n, k in r.data["args"].get("grid_nk", [])}
+    ms = sorted({m for m, _, _ in planned}) or [None]
+    weights = {(n, k) for _, n, k in planned}
+    mean = math.exp(sum(math.log(r) for r, _ in ratios) / len(ratios))
+    worst, problem = min(ratios)
+    reached = f"{len(ratios)} of {len(planned)}" if planned else f"{len(ratios)}"
+    return (f"M {ms[0]}..{ms[-1]} × {len(weights)} weight shapes, {reached} cases reached", mean,
+            f"{worst:.2f} at {problem.replace('x', '×')}")
+
+
+def _decode_shares(day: list[bench.Run]) -> list:
+    """(m, n, k, share of the copy bandwidth) per decode shape, each from the last run that has it."""
+    shares = {}
+    for run in day:
+        for m, n, k, share in ((run.data.get("summary") or {}).get("grid") or {}).get(
+                "decode_weight_bandwidth_over_copy", []):
+            shares[(m, n, k)] = share
+    return [(*key, share) for key, share in sorted(shares.items())]
 
 
 def matrix_headline(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
@@ -153,11 +169,10 @@ def _matrix_section(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
         lines.append(f"| {c['stage']}: {case_label(c['problem'])} | {_f(c.get('aicg_tflops'))} | "
                      f"{_pct(_peak_share(c, day, hwdb_dir))} | {c['peer']} | {_f(c.get('peer_tflops'))} | "
                      f"{_f(_ratio(c), 2)} | {kernel} |")
-    grid = bench.matrix_summaries(day).get("grid")
+    grid = _grid_line(day)
     if grid:
-        label, mean, worst = _grid_line(day)
-        decode = ", ".join(f"{m}×{n}×{k} {share * 100:.0f}%" for m, n, k, share in
-                           grid.get("decode_weight_bandwidth_over_copy", []))
+        label, mean, worst = grid
+        decode = ", ".join(f"{m}×{n}×{k} {share * 100:.0f}%" for m, n, k, share in _decode_shares(day))
         lines += ["", f"LLM grid, {label}: geometric mean of aicg over cuBLAS {mean:.2f}, worst {worst}."
                   + (f" Decode shapes read the weights at this share of the copy bandwidth: {decode}." if decode else "")]
     return lines
