@@ -8,6 +8,8 @@
 
 The graph and its mechanisms live in aicg/tasks; this file only exposes them.
 """
-from aicg.tasks.doit_tasks import DOIT_CONFIG, task_instance  # noqa: F401
+# aicg.cli: the same tasks and settings as the `aicg` command (parallel where no GPU is present)
+from aicg.cli import DOIT_CONFIG  # noqa: F401
+from aicg.tasks.doit_tasks import task_instance  # noqa: F401
 from aicg.tasks.probe_tasks import task_primitives, task_probe  # noqa: F401
 from aicg.tasks.report_task import task_report  # noqa: F401

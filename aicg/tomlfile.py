@@ -9,6 +9,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from . import suggest
 from .errors import InputError
 
 _MISSING = object()
@@ -140,4 +141,5 @@ class Table:
         unknown = sorted(set(self.data) - self._seen)
         if unknown:
             known = ", ".join(sorted(self._seen)) or "nothing"
-            raise self.error(unknown[0], f"a known key (this table knows: {known})")
+            raise suggest.hinted(self.error(unknown[0], f"a known key (this table knows: {known})"),
+                                 suggest.did_you_mean(unknown[0], self._seen))

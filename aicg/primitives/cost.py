@@ -15,7 +15,7 @@ clock by it. One realisation at one row length costs:
 The constants come from the H200 (docs/lab.md): the launches of the recorded
 profile (hwdb/nvidia-h200.realisation.json, 3578 realisations, 47868
 records) add up to 101 s, 809 s at eight launches each; a full run of the
-lab took about 21 minutes with its compiles (README.md); compiling one
+lab took about 21 minutes with its compiles (docs/lab.md); compiling one
 realisation took 0.33 s of one CPU (NVRTC 13.0, measured on a development
 machine); the rest, 377 s over 47868 launch shapes, is the host's 7.9 ms
 each.

@@ -15,11 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import nvrtc
+from .. import cli_layout, nvrtc
 from ..errors import DeviceError
 from ..runtime import driver
 
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNELS_DIR = cli_layout.shipped("kernels")
 PROBE_KERNELS = "probes"
 
 # Attributes read once per device; names are CUdevice_attribute without its prefix.

@@ -121,7 +121,7 @@ def task_instance():
 
 EXPLORER = "build/explore/index.html"
 EXPLORER_CODE = ("explore.py", "legality.py", "accuracy.py", "ruleset.py")   # in aicg/semantics/
-REPORTS = {"explain", "explore"}
+REPORTS = {"explain", "explore", "report"}
 
 
 def _record(loaded: cli_graph.LoadedGraph):
@@ -279,6 +279,8 @@ class BuildReporter(ConsoleReporter):
             manifest_path = instance.env.instance_dir / "manifest.json"
             self.write(f"\ninstance {instance.name} -> {manifest_path.parent}\n")
             self.write(summary.table(json.loads(manifest_path.read_text())))
+            if "report" not in processed:
+                self.write(f"`doit report` writes {manifest_path.parent / 'report.html'}: times, candidates, plots.\n")
 
 
 def _to_process(tasks: dict, selected: list[str]) -> set[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from .. import report
+from .. import cli_vars
 from ..errors import InputError
 from . import doit_tasks
 
@@ -22,6 +22,7 @@ BENCH_DIR = "docs/bench"
 
 
 def run_report(instance_loader) -> dict | TaskFailed:
+    from .. import report   # the page's code only where a report is written, not on every command
     instance = instance_loader()
     try:
         path = report.write(instance.env.instance_dir, instance.layout.hwdb, instance.layout.root / BENCH_DIR,
@@ -38,4 +39,5 @@ def task_report():
             "doc": "build the instance, then write build/<instance>/report.html: times, ceilings, candidates, plots",
             # the instance is loaded once per doit command, by task_instance's creator
             "actions": [(run_report, [lambda: doit_tasks._loaded["instance"]])],
-            "task_dep": ["package"], "uptodate": [False], "verbosity": 2}
+            "task_dep": ["package"], "uptodate": [False], "verbosity": 2,
+            "meta": cli_vars.meta(cli_vars.of_task("report"))}
