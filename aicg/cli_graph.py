@@ -4,7 +4,7 @@ Loading an instance plans its whole workload (the legality engine, the cost prio
 lab's measurements, a digest of the realisation profile): a second or more, on every command.
 `doit list` and a build with nothing to do need only the graph: each step's name, doc,
 upstream steps and outputs, and the digest of the values it reads. That is kept in
-build/.graphs/, one file per (profile, target) as given on the command line, and used while
+the local store's graphs/ (kept_path), one file per (profile, target) as given on the command line, and used while
 the bytes of everything loading reads are those it was made from: aicg's own source, the rule
 sets, hwdb, kernels, the profile; and the AICG_ environment, the toolchain and the Python that
 run it. (target=auto depends on the GPU present: it is always loaded.)
