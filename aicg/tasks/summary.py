@@ -27,6 +27,15 @@ def rows(manifest: dict) -> list[tuple[str, ...]]:
 
 
 def table(manifest: dict) -> str:
+    """The row kernels' table and notes, then the matrix kernels' (aicg/matrix/summary.py) where there are any."""
+    from ..matrix import summary as matrix_summary
+    matrix = matrix_summary.table(manifest)
+    if not manifest["kernels"]:
+        return matrix
+    return _rows_table(manifest) + (f"\n{matrix}" if matrix else "")
+
+
+def _rows_table(manifest: dict) -> str:
     body = [HEADER, *rows(manifest)]
     widths = [max(len(r[i]) for r in body) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in body]
