@@ -74,7 +74,7 @@ def _rule_table(op_name: str, ruleset) -> str:
 def _bound_table(op: str, ruleset) -> str:
     """The longest row each topology's order keeps each preset's rtol on (at its families' fewest
     threads and widest packs: a block's longest chain)."""
-    families = ruleset.families_of(op)
+    families = [f for f in ruleset.families_of(op) if "topology" in f.params]   # row families: matrix ones bound K
     topologies = list(dict.fromkeys(t for f in families for t in f.params["topology"]))
     if not families or not accuracy.reduces_inexactly(ruleset, op):
         return "<p><small>No rounding reduction: no row length is bounded.</small></p>"
