@@ -114,6 +114,70 @@ def test_tensor_map_spec_names_what_the_driver_would_reject():
         tensormap.spec(real("mma"), Problem(64, 64, 64), "a")
 
 
+# The kernels' own box placement (kernels/matrix/tiles.cuh: box_start), compiled for the host: a
+# clustered wgmma CTA copies a box of block_n / cluster_m rows of K-major B, and a 32-row box
+# placed as if it were 64 rows long loaded the wrong columns of B (block_n 64, two CTAs, N = 128:
+# the second CTA's share of the last tile, rows 96..127, came from rows 64..95).
+BOX_PLACEMENT = r"""
+#include <algorithm>
+#include <cstdio>
+#define __device__
+#define __forceinline__ inline
+using std::min;
+unsigned __cvta_generic_to_shared(const void*) { return 0; }
+#include "matrix/tiles.cuh"
+int main() {
+  int box, extent, start;
+  while (std::scanf("%d %d %d", &box, &extent, &start) == 3)
+    std::printf("%d\n", aicg::matrix::box_start(start, extent, box));
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def box_start(tmp_path_factory):
+    """box_start(start, extent, box) as the kernels compute it, for many arguments at once."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    root = tmp_path_factory.mktemp("box_start")
+    (root / "main.cpp").write_text(BOX_PLACEMENT)
+    kernels = Path(__file__).resolve().parents[1] / "kernels"
+    subprocess.run([compiler, "-std=c++17", "-I", str(kernels), "-o", str(root / "main"), str(root / "main.cpp")],
+                   check=True, capture_output=True, timeout=120)
+
+    def run(cases: list[tuple[int, int, int]]) -> list[int]:
+        lines = "".join(f"{box} {extent} {start}\n" for start, extent, box in cases)
+        done = subprocess.run([str(root / "main")], input=lines, capture_output=True, text=True, check=True,
+                              timeout=60)
+        return [int(v) for v in done.stdout.split()]
+    return run
+
+
+def test_tma_boxes_start_where_their_rows_are(box_start):
+    """Every box a wgmma stage copies starts at its own rows where those lie in the tensor, and at
+    a box inside the tensor where they lie wholly past it (padded cluster tiles)."""
+    knobs, lengths, p = space.templates()["wgmma"].knobs, set(), Problem(128, 128, 64)
+    for block_m in knobs["block_m"]:
+        for block_n in knobs["block_n"]:
+            for cluster_m in knobs["cluster_m"]:
+                r = real("wgmma", block_m=block_m, block_n=block_n, cluster_m=cluster_m)
+                lengths.add(tensormap.spec(r, p, "b").box[1])   # a K-major B box: this CTA's share of the tile
+                lengths.add(tensormap.spec(r, p, "a").box[1])   # a K-major A box: the tile's rows
+    lengths.add(64)                                        # MN-major boxes
+    assert 32 in lengths                                   # block_n 64 over two CTAs is tried
+    cases = [(start, extent, box) for box in sorted(lengths) for extent in range(1, 600, 7)
+             for start in range(0, extent + 2 * box, box)]
+    for (start, extent, box), placed in zip(cases, box_start(cases), strict=True):
+        if start < extent:
+            assert placed == start, (start, extent, box)
+        else:
+            assert placed % box == 0 and 0 <= placed < extent, (start, extent, box)
+    assert box_start([(96, 128, 32)]) == [96]              # the device's failing case
+
 # ---- geometry
 
 def test_wgmma_grid_is_persistent_and_whole_clusters():

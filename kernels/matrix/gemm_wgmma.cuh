@@ -121,22 +121,23 @@ struct WgmmaTile {
                                                     unsigned rank) {
     const unsigned b = a + A_BYTES;
     if constexpr (A_MAJOR == K_MAJOR) {
-      tma_load_2d(a, a_map, k0, box_start(a_row, m), full);
+      tma_load_2d(a, a_map, k0, box_start(a_row, m, BM), full);
     } else {
 #pragma unroll
-      for (int j = 0; j < BM / 64; ++j) tma_load_2d(a + j * MN_BOX_BYTES, a_map, box_start(a_row + 64 * j, m), k0, full);
+      for (int j = 0; j < BM / 64; ++j)
+        tma_load_2d(a + j * MN_BOX_BYTES, a_map, box_start(a_row + 64 * j, m, 64), k0, full);
     }
     if constexpr (B_MAJOR == K_MAJOR) {
       if constexpr (CLUSTER_M == 1) {
         tma_load_2d(b, b_map, k0, b_col, full);
       } else {
         tma_load_2d_multicast(b + rank * B_SHARE_ROWS * SWIZZLE_ROW_BYTES, b_map, k0,
-                              box_start(b_col + rank * B_SHARE_ROWS, n), full, (1u << CLUSTER_M) - 1);
+                              box_start(b_col + rank * B_SHARE_ROWS, n, B_SHARE_ROWS), full, (1u << CLUSTER_M) - 1);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < BN / 64; ++j) {
-        const int col = box_start(b_col + 64 * j, n);
+        const int col = box_start(b_col + 64 * j, n, 64);
         if constexpr (CLUSTER_M == 1)
           tma_load_2d(b + j * MN_BOX_BYTES, b_map, col, k0, full);
         else if (j % CLUSTER_M == rank)

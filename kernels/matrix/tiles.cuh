@@ -37,9 +37,16 @@ __device__ __forceinline__ void tile_of(int t, int tiles_m, int tiles_n, int& tm
   }
 }
 
-// The start of a 64-wide box along a dimension of `extent`: `start`, or the
-// last 64-aligned start inside the tensor where `start` lies past it.
-__device__ __forceinline__ int box_start(int start, int extent) { return min(start, ((extent - 1) / 64) * 64); }
+// The start of a box `box` elements long along a dimension of `extent`, for
+// a `start` that is a multiple of `box`: `start` itself wherever it lies
+// inside the tensor (the box may reach past the edge: the copy engine fills
+// zeros), or the last box-aligned start inside where it lies wholly past it.
+// The box length must be the copy's own: a box of 32 rows at start 96 of 128
+// rows is inside, and moving it to the last 64-aligned start (64) would load
+// rows 64..95 in place of 96..127.
+__device__ __forceinline__ int box_start(int start, int extent, int box) {
+  return min(start, ((extent - 1) / box) * box);
+}
 
 }  // namespace matrix
 }  // namespace aicg
