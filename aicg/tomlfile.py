@@ -124,7 +124,8 @@ class Table:
             values = value if isinstance(value, list) else [value]
             for element in values:
                 if element not in choices:
-                    raise self.error(key, "one of " + ", ".join(map(repr, sorted(choices))), element)
+                    error = self.error(key, "one of " + ", ".join(map(repr, sorted(choices))), element)
+                    raise suggest.hinted(error, suggest.did_you_mean(str(element), map(str, choices)))
         return value
 
     def table(self, key: str, default=_MISSING) -> "Table":
