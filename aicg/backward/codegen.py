@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import codegen as row_codegen
-from .. import nvrtc
+from .. import cli_layout, nvrtc
 from ..dtypes import DTYPES
 from .ops import BACKWARD_OPS
 from .space import Candidate, Space, chunking
 
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNELS_DIR = cli_layout.shipped("kernels")   # the checkout's, or the installed package's
 ROWS_ENTRY = "aicg_backward_rows"
 PARTIALS_ENTRY = "aicg_backward_column_partials"
 TOTALS_ENTRY = "aicg_backward_column_totals"

@@ -12,12 +12,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import nvrtc
+from .. import cli_layout, nvrtc
 from . import codegen
 from .space import Realisation, templates
 from .templates import RULES
 
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNELS_DIR = cli_layout.shipped("kernels")   # the checkout's, or the installed package's
 # ptxas warnings that void a realisation's design (each one seen in NVIDIA's toolchain docs and forums):
 # setmaxnreg ignored for want of a register cap (C7508), wgmma serialized (C7510 and its kin).
 FATAL_WARNINGS = (re.compile(r"setmaxnreg.*ignored", re.I), re.compile(r"wgmma.*serializ", re.I))
