@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 from pathlib import Path, PurePosixPath
 
 from .errors import InputError
+
+log = logging.getLogger("aicg.trust")
 
 ROLES = ("content", "evidence", "verdict")
 KEY_VARIABLE = "AICG_SIGNING_KEY_FILE"
@@ -95,3 +98,27 @@ def signed_by(path: Path, data: bytes, key: bytes) -> bool:
     except (OSError, UnicodeDecodeError):
         return False
     return verify(data, key, stored)
+
+
+def read_json_record(path: Path, key: bytes | None) -> dict | None:
+    """A JSON record a process wrote for later ones (a JIT's compile or validation), or None where it
+    is absent, unreadable, not an object or (with a key) not signed with it."""
+    import json
+    try:
+        data = path.read_bytes()
+        record = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    if key is not None and not signed_by(path, data, key):
+        log.warning("aicg: %s is not signed with the configured key; it is made again", path)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_json_record(path: Path, record: dict, key: bytes | None) -> None:
+    """`record` written atomically as JSON, signed beside it with `key` where there is one."""
+    import json
+    from . import cas
+    data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
+    cas.write_atomic(path, data)
+    write_signature(path, data, key, cas.write_atomic)

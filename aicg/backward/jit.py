@@ -20,7 +20,6 @@ and the "aicg.jit" logger).
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -136,20 +135,10 @@ class BackwardJit:
     # --- the cache -------------------------------------------------------------------------
 
     def _read_record(self, path: Path) -> dict | None:
-        try:
-            data = path.read_bytes()
-            record = json.loads(data)
-        except (OSError, ValueError):
-            return None
-        if self.signing_key is not None and not trust.signed_by(path, data, self.signing_key):
-            log.warning("aicg: %s is not signed with the configured key; it is made again", path)
-            return None
-        return record if isinstance(record, dict) else None
+        return trust.read_json_record(path, self.signing_key)
 
     def _write_record(self, path: Path, record: dict) -> None:
-        data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
-        cas.write_atomic(path, data)
-        trust.write_signature(path, data, self.signing_key, cas.write_atomic)
+        trust.write_json_record(path, record, self.signing_key)
 
     def _cached_or_compiled(self, candidate: Candidate) -> tuple[bytes, dict, str]:
         arch = self.planning.hardware.arch

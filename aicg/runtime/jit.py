@@ -29,7 +29,6 @@ validation outcome is never read from a file anyone could have written.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -104,21 +103,10 @@ class Jit:
     _planning: planning.Planning | None = None
 
     def _read_record(self, path: Path) -> dict | None:
-        """A JSON record of the JIT's, or None where it is absent, unreadable or (with a key) not signed."""
-        try:
-            data = path.read_bytes()
-            record = json.loads(data)
-        except (OSError, ValueError):
-            return None
-        if self.signing_key is not None and not trust.signed_by(path, data, self.signing_key):
-            log.warning("aicg: %s is not signed with the configured key; it is made again", path)
-            return None
-        return record if isinstance(record, dict) else None
+        return trust.read_json_record(path, self.signing_key)
 
     def _write_record(self, path: Path, record: dict) -> None:
-        data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
-        cas.write_atomic(path, data)
-        trust.write_signature(path, data, self.signing_key, cas.write_atomic)
+        trust.write_json_record(path, record, self.signing_key)
 
     @property
     def source(self) -> Path:
