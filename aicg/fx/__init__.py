@@ -21,3 +21,8 @@ def backend(instance, *, mode: str | None = None, options: dict | None = None, i
     """
     from .backend import Backend
     return Backend(instance, mode=mode, options=options, inner=inner, patterns=patterns)
+
+
+# Importing the submodule aicg.fx.backend rebinds the package's `backend` to that module;
+# aicg.backend reads this name, which stays the function.
+make_backend = backend
