@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 from . import digest, toolchain
@@ -123,7 +124,21 @@ def parse_report(log: str) -> dict:
 
 def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch: str,
                   header_dir: str = "kernels") -> tuple[bytes, dict, str]:
-    """(cubin, resource report, compiler log) or CompileError naming files and lines."""
+    """(cubin, resource report, compiler log) or CompileError naming files and lines.
+
+    Where another library set NVRTC's cache up before aicg's first compile (PyTorch, say), the
+    cache stays on, and a program compiled before by any process comes back without ptxas'
+    report. It is then compiled once more with a comment that no earlier program had: the cache
+    misses, ptxas runs and reports, and the code is the same (a comment changes no instruction)."""
+    cubin, report, log = _compile_once(source, source_name, headers, arch, header_dir)
+    if not report["reported"]:
+        fresh = f"{source}\n// aicg: compiled again for ptxas' report ({os.getpid()}, {time.time_ns()})\n"
+        cubin, report, log = _compile_once(fresh, source_name, headers, arch, header_dir)
+    return cubin, report, log
+
+
+def _compile_once(source: str, source_name: str, headers: dict[str, bytes], arch: str,
+                  header_dir: str) -> tuple[bytes, dict, str]:
     global compilations
     nvrtc = bindings()
 

@@ -255,3 +255,22 @@ def test_the_lab_takes_a_cubin_it_compiled_before_from_the_store_and_compiles_a_
     blob.write_bytes(b"damaged")
     monkeypatch.undo()
     assert lab.compile_all(configs, shipped_ruleset, repo / "kernels", "sm_90", registers, 2, store) == first
+
+
+def test_a_compile_that_comes_back_without_a_report_is_compiled_again_uncached(monkeypatch):
+    """NVRTC's cache, set up on by another library first, returns a program without ptxas' report:
+    the second compile differs by a comment only, so the cache misses and the code is the same."""
+    sources = []
+    real = nvrtc._compile_once
+
+    def cached_first(source, name, headers, arch, header_dir):
+        sources.append(source)
+        cubin, report, log = real(source, name, headers, arch, header_dir)
+        return (cubin, {**report, "reported": False}, "") if len(sources) == 1 else (cubin, report, log)
+
+    monkeypatch.setattr(nvrtc, "_compile_once", cached_first)
+    source = 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }\n'
+    cubin, report, _ = nvrtc.compile_cubin(source, "twice.cu", {}, "sm_90")
+    assert report["reported"] and report["registers"] > 0
+    assert len(sources) == 2 and sources[1].startswith(source) and sources[1] != source
+    assert cubin == real(source, "twice.cu", {}, "sm_90", "kernels")[0]
