@@ -11,7 +11,10 @@ import pytest
 from aicg import codegen, hw, plan, plan_inputs, profile
 from aicg.errors import InputError
 from aicg.primitives import lab, realisation
-from doit_project import SMALL_PROFILE, doit, make_project, profile_text
+from doit_project import REPO, SMALL_PROFILE, doit, make_project, profile_text
+
+# The GPU the recorded profile was measured on, as its hwdb entry names it
+RECORDED_GPU = hw.load_target(REPO / "hwdb", "nvidia-h200").name
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +35,14 @@ def test_the_recorded_profile_covers_every_runnable_realisation_of_its_families(
     assert all(shipped_ruleset.families[f].timed_like in measured for f in unmeasured), unmeasured
     assert measured <= set(shipped_ruleset.families)
     assert {c.id for c in lab.configurations(shipped_ruleset, inputs) if c.family in measured} == ids
-    assert recorded.provenance["device"] == "NVIDIA H200" and recorded.provenance["date"]
+    assert recorded.provenance["device"] == RECORDED_GPU and recorded.provenance["date"]
     lengths: dict[str, set[int]] = {}
     for r in recorded.records:
         lengths.setdefault(r["id"], set()).add(r["cols"])
     assert lengths == {c.id: set(lab.row_lengths(c)) for c in lab.configurations(shipped_ruleset, inputs)
                        if c.family in measured}
     # what the next run needs to keep the realisations whose cubins are unchanged
-    assert lab.same_method(recorded.provenance["lab"], lab.method("NVIDIA H200", recorded.provenance["driver"]))
+    assert lab.same_method(recorded.provenance["lab"], lab.method(RECORDED_GPU, recorded.provenance["driver"]))
     assert set(recorded.provenance["cubins"]) == set(recorded.provenance["measured_on"]) == ids
 
 
@@ -249,7 +252,7 @@ def test_a_rule_whose_measured_drift_exceeds_the_bound_is_rejected_with_the_meas
     run = doit(project, "explain", "profile=rulesets/profiles/small.toml", "op=softmax")
     assert run.code == 0, run.output
     line = next(line for line in run.output.splitlines() if "rejected by measured drift: online_softmax" in line)
-    assert f"rtol {bound:g}" in line and "realisation profile nvidia-h200.realisation.json (NVIDIA H200, " in line
+    assert f"rtol {bound:g}" in line and f"realisation profile nvidia-h200.realisation.json ({RECORDED_GPU}, " in line
     drift = float(line.split("the least, ")[1].split(" at")[0])
     assert drift == pytest.approx(online, rel=5e-3)  # printed to 3 digits
     assert not any("rejected by measured drift: tree_reduction" in line for line in run.output.splitlines())
@@ -306,7 +309,7 @@ def _profile_with_few_rows(tmp_path, family_name, dtype, p, full_seconds, few_se
                             "bit_stable": True})
     path = tmp_path / f"{len(few_rows)}-{len(lengths)}.realisation.json"
     realisation.save(path, {"date": "d", "driver": "v", "clocks": "c", "method": "m", "repetitions": 5,
-                            "device": "NVIDIA H200", "arch": "sm_90"}, records)
+                            "device": RECORDED_GPU, "arch": "sm_90"}, records)
     return realisation.load(path)
 
 
@@ -358,7 +361,7 @@ def test_a_thread_serving_tiny_rows_is_predicted_from_tiny_rows_alone(h200, ship
 
 
 def test_a_run_that_adds_row_lengths_keeps_the_records_of_the_others(tmp_path):
-    method = lab.method("NVIDIA H200", "580.159.04")
+    method = lab.method(RECORDED_GPU, "580.159.04")
     earlier = {**method, "cols": list(lab.COLS)}      # a profile from before the row lengths left the method
     assert lab.same_method(earlier, method) and not lab.same_method({**earlier, "driver": "581.0"}, method)
     assert not lab.same_method(None, method)
@@ -375,7 +378,7 @@ def test_a_run_that_adds_row_lengths_keeps_the_records_of_the_others(tmp_path):
 
 
 def test_an_interrupted_lab_run_resumes_only_under_the_same_method(tmp_path):
-    method = lab.method("NVIDIA H200", "580.159.04")
+    method = lab.method(RECORDED_GPU, "580.159.04")
     partial = tmp_path / "nvidia-h200.realisation.partial.json"
     assert lab.resume(partial, method) == lab.NOTHING            # nothing kept yet
     kept = lab.Measured({"a": "digest of a"}, [{"id": "a", "cols": 64, "rows": 1, "seconds": 1e-6}],

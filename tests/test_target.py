@@ -18,12 +18,14 @@ from aicg.probe import record
 from aicg.runtime import driver
 from doit_project import REPO, doit, instance_dir, make_project, profile_text, receipt_keys
 
-H100 = driver.DeviceInfo("NVIDIA H100 80GB HBM3", (9, 0), 132, 50 << 20)
-A100 = driver.DeviceInfo("NVIDIA A100-SXM4-80GB", (8, 0), 108, 40 << 20)
+HWDB = REPO / "hwdb"
+# Fake devices named as their hwdb entries name their GPUs: the tests read names from there.
+H100 = driver.DeviceInfo(hw.load_target(HWDB, "h100-sxm").name, (9, 0), 132, 50 << 20)
+A100 = driver.DeviceInfo(hw.load_target(HWDB, "a100-sxm4-80gb").name, (8, 0), 108, 40 << 20)
+H200 = hw.load_target(HWDB, "nvidia-h200").name
 UNKNOWN = driver.DeviceInfo("NVIDIA L40S", (8, 9), 142, 96 << 20)
 # the H200's name on another architecture: hwdb/nvidia-h200.toml, the file a probe would take, is not its entry
-H200_OTHER_ARCH = driver.DeviceInfo("NVIDIA H200", (10, 0), 132, 60 << 20)
-HWDB = REPO / "hwdb"
+H200_OTHER_ARCH = driver.DeviceInfo(H200, (10, 0), 132, 60 << 20)
 PROFILE = "profile=rulesets/profiles/small.toml"
 
 
@@ -136,10 +138,10 @@ def test_a_build_for_another_target_lands_beside_the_profiles_own(project):
     project, own, other = project
     assert instance_dir(project, "h100-sxm") == project / "build/h100-sxm-small"
     manifest = json.loads((project / "build/h100-sxm-small/manifest.json").read_text())
-    assert manifest["instance"] == "h100-sxm-small" and manifest["target"]["name"] == "NVIDIA H100 80GB HBM3"
-    assert json.loads((project / "build/small/manifest.json").read_text())["target"]["name"] == "NVIDIA H200"
+    assert manifest["instance"] == "h100-sxm-small" and manifest["target"]["name"] == H100.name
+    assert json.loads((project / "build/small/manifest.json").read_text())["target"]["name"] == H200
     assert set(manifest["kernels"]) == {"softmax.float32", "row_sum.float32"}    # the profile's workload
-    assert "instance h100-sxm-small -> " in other.output and "on NVIDIA H100 80GB HBM3" in other.output
+    assert "instance h100-sxm-small -> " in other.output and f"on {H100.name}" in other.output
     # the instance's JIT plans for the H100: its source/ says so
     source = project / "build/h100-sxm-small/source"
     assert tomllib.loads((source / "profile.toml").read_text())["instance"]["target"] == "h100-sxm"
@@ -164,14 +166,14 @@ def test_a_build_for_another_target_reruns_exactly_what_reads_the_hardware(proje
 def test_what_the_targets_entry_lacks_is_said_once_at_load(project):
     project, own, other = project
     assert other.output.count("aicg: hwdb/h100-sxm.toml has no measured section") == 1
-    assert "`doit probe` on the GPU (NVIDIA H100 80GB HBM3)" in other.output
+    assert f"`doit probe` on the GPU ({H100.name})" in other.output
     assert "no realisation profile" not in other.output           # the profile asks for none
     assert "aicg: hwdb/" not in own.output
     (project / "rulesets/profiles/measured.toml").write_text(profile_text())
     listed = doit(project, "list", "profile=rulesets/profiles/measured.toml", "target=h100-sxm")
     assert listed.code == 0, listed.output
     assert listed.output.count("has no measured section") == 1 and listed.output.count("no realisation profile") == 1
-    assert "`doit primitives` on the GPU (NVIDIA H100 80GB HBM3)" in listed.output
+    assert f"`doit primitives` on the GPU ({H100.name})" in listed.output
 
 
 def test_target_auto_reads_the_device_and_rebuilds_nothing_already_built(project, monkeypatch):
@@ -236,7 +238,7 @@ def test_the_gpu_tests_read_their_target_from_the_device(tmp_path):
     unknown = _gpu_tests(tmp_path, "NVIDIA L40S@8.9", *files)
     assert "7 skipped" in unknown and "NVIDIA L40S (sm_89), has no entry in" in unknown, unknown
     assert "`doit probe` on it creates" in unknown
-    h100 = _gpu_tests(tmp_path, "NVIDIA H100 80GB HBM3@9.0", *files)
+    h100 = _gpu_tests(tmp_path, f"{H100.name}@9.0", *files)
     assert "SKIPPED" not in h100 and "skipped" not in h100 and "SETUP    S device_target" in h100, h100
 
 
