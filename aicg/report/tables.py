@@ -106,6 +106,12 @@ def _decode_shares(day: list[bench.Run]) -> list:
     return [(*key, share) for key, share in sorted(shares.items())]
 
 
+def _matrix_cells(case: dict, day: list[bench.Run], hwdb_dir: Path, *digits) -> str:
+    """A matrix case's aicg TFLOP/s, share of peak, peer, peer TFLOP/s and ratio, as table cells."""
+    return (f"{_f(case.get('aicg_tflops'), *digits)} | {_pct(_peak_share(case, day, hwdb_dir))} | {case['peer']} | "
+            f"{_f(case.get('peer_tflops'), *digits)} | {_f(_ratio(case), 2)}")
+
+
 def matrix_headline(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
     cases = [c for c in bench.matrix_cases(day) if c["stage"] in ("square", "fused")]
     lines = [f"**Matrix multiply** on an {day[-1].device}, {day[-1].date} ({_files(day)}): aicg's fastest "
@@ -113,9 +119,7 @@ def matrix_headline(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
              "| case | aicg TFLOP/s | of tensor-core peak | peer | peer TFLOP/s | aicg / peer |",
              "| --- | ---: | ---: | --- | ---: | ---: |"]
     for c in cases:
-        lines.append(f"| {case_label(c['problem'])} | {_f(c.get('aicg_tflops'), 0)} | "
-                     f"{_pct(_peak_share(c, day, hwdb_dir))} | {c['peer']} | {_f(c.get('peer_tflops'), 0)} | "
-                     f"{_f(_ratio(c), 2)} |")
+        lines.append(f"| {case_label(c['problem'])} | {_matrix_cells(c, day, hwdb_dir, 0)} |")
     grid = _grid_line(day)
     if grid:
         label, mean, worst = grid
@@ -166,9 +170,7 @@ def _matrix_section(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
              "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
     for c in bench.matrix_cases(day):
         kernel = f"`{c['aicg_kernel']}`" if c.get("aicg_kernel") else "none reached within the run's budget"
-        lines.append(f"| {c['stage']}: {case_label(c['problem'])} | {_f(c.get('aicg_tflops'))} | "
-                     f"{_pct(_peak_share(c, day, hwdb_dir))} | {c['peer']} | {_f(c.get('peer_tflops'))} | "
-                     f"{_f(_ratio(c), 2)} | {kernel} |")
+        lines.append(f"| {c['stage']}: {case_label(c['problem'])} | {_matrix_cells(c, day, hwdb_dir)} | {kernel} |")
     grid = _grid_line(day)
     if grid:
         label, mean, worst = grid
