@@ -5,8 +5,6 @@ default instance)."""
 from __future__ import annotations
 
 import os
-import resource
-import statistics
 import subprocess
 import sys
 
@@ -40,30 +38,19 @@ def _environment(project) -> dict:
     return {**env, "AICG_CACHE_DIR": str(project / "cache")}   # as the build above had it
 
 
-def _aicg(project, *args) -> tuple[subprocess.CompletedProcess, float]:
-    """The run and the processor time it took (user and system: what other work on the machine
-    does not lengthen, as it does the wall clock)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([sys.executable, "-c", RUN.format(modules=FULL_LOAD), *args], cwd=project,
+def _aicg(project, *args) -> subprocess.CompletedProcess:
+    """The run, in a process of its own (what it imports is its own)."""
+    return subprocess.run([sys.executable, "-c", RUN.format(modules=FULL_LOAD), *args], cwd=project,
                           env=_environment(project), capture_output=True, text=True, timeout=120)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 @pytest.mark.parametrize("command", ["list", "build"])
 def test_a_command_with_nothing_to_do_loads_nothing_of_the_instance(project, command):
-    done, _ = _aicg(project, command, PROFILE)
+    done = _aicg(project, command, PROFILE)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "loaded: \n" in done.stdout, done.stdout
     if command == "build":
         assert "nothing to do" in done.stdout and "instance small -> " in done.stdout
-
-
-@pytest.mark.parametrize("command", ["list", "build"])
-def test_a_command_with_nothing_to_do_takes_under_a_second(project, command):
-    seconds = statistics.median(_aicg(project, command, PROFILE)[1] for _ in range(3))
-    print(f"aicg {command} with nothing to do: {seconds:.3f} s of processor time")
-    assert seconds < 1.0
 
 
 def test_an_edit_loads_it_in_full_once(project):
@@ -71,8 +58,8 @@ def test_an_edit_loads_it_in_full_once(project):
     text = profile.read_text()
     profile.write_text(text + "\n# an edit\n")
     try:
-        first, _ = _aicg(project, "list", PROFILE)
-        again, _ = _aicg(project, "list", PROFILE)
+        first = _aicg(project, "list", PROFILE)
+        again = _aicg(project, "list", PROFILE)
     finally:
         profile.write_text(text)
     assert "loaded: aicg.tasks.graph" in first.stdout and "loaded: \n" in again.stdout
