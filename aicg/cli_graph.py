@@ -6,7 +6,7 @@ lab's measurements, a digest of the realisation profile): a second or more, on e
 upstream steps and outputs, and the digest of the values it reads. That is kept in
 the local store's graphs/ (kept_path), one file per (profile, target) as given on the command line, and used while
 the bytes of everything loading reads are those it was made from: aicg's own source, the rule
-sets, hwdb, kernels, the profile; and the AICG_ environment, the toolchain and the Python that
+sets, hwdb, kernels, the profile; and the environment variables aicg reads, the toolchain and the Python that
 run it. (target=auto depends on the GPU present: it is always loaded.)
 
 A step from the kept graph that has to run loads the instance in full (once per process,
@@ -198,7 +198,7 @@ def _inputs_digest(layout, profile: Path, target: str | None, stamps: Stamps) ->
         "schema": SCHEMA, "files": files, "root": str(layout.root), "layout": [str(layout.rules), str(layout.hwdb),
                                                                                str(layout.kernels)],
         "profile": str(profile), "target": target, "toolchain": toolchain.identity(), "packages": versions,
-        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("AICG_")},
+        "environment": {k: os.environ[k] for k in config.VARIABLES if k in os.environ},
         "python": [sys.version, sys.platform, sys.byteorder]})
 
 

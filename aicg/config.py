@@ -26,6 +26,9 @@ KEYS = {"cache": str, "remote": str, "mode": str, "timeout": float}
 MODES = {"read", "write"}
 ENVIRONMENT = {"cache": "AICG_CACHE_DIR", "remote": "AICG_REMOTE", "mode": "AICG_REMOTE_MODE",
                "timeout": "AICG_REMOTE_TIMEOUT"}
+# Every environment variable aicg reads: what a kept graph is keyed by (aicg/cli_graph.py); other
+# AICG_-named variables (a CI's own switches) shape nothing.
+VARIABLES = (*ENVIRONMENT.values(), "AICG_SIGNING_KEY_FILE", "AICG_RECACHE")
 EXPECTED = {
     "cache": "a directory path (no control characters)",
     "remote": "an http:// or https:// URL with a host, or a directory path that is absolute or starts with "

@@ -33,15 +33,15 @@ def project(tmp_path_factory):
     return project
 
 
-def _environment(project) -> dict:
+def _environment(project, extra: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AICG_")}
-    return {**env, "AICG_CACHE_DIR": str(project / "cache")}   # as the build above had it
+    return {**env, "AICG_CACHE_DIR": str(project / "cache"), **extra}   # as the build above had it
 
 
-def _aicg(project, *args) -> subprocess.CompletedProcess:
+def _aicg(project, *args, extra: dict | None = None) -> subprocess.CompletedProcess:
     """The run, in a process of its own (what it imports is its own)."""
     return subprocess.run([sys.executable, "-c", RUN.format(modules=FULL_LOAD), *args], cwd=project,
-                          env=_environment(project), capture_output=True, text=True, timeout=120)
+                          env=_environment(project, extra or {}), capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("command", ["list", "build"])
@@ -51,6 +51,17 @@ def test_a_command_with_nothing_to_do_loads_nothing_of_the_instance(project, com
     assert "loaded: \n" in done.stdout, done.stdout
     if command == "build":
         assert "nothing to do" in done.stdout and "instance small -> " in done.stdout
+
+
+def test_a_variable_aicg_does_not_read_keeps_the_graph(project):
+    """A CI's own AICG_-named switches are not among what the graph is made from."""
+    done = _aicg(project, "list", PROFILE, extra={"AICG_REQUIRE_SOMETHING": "1"})
+    assert "loaded: \n" in done.stdout, done.stdout
+
+
+def test_a_variable_aicg_reads_loads_it_in_full(project):
+    done = _aicg(project, "list", PROFILE, extra={"AICG_REMOTE_TIMEOUT": "7"})
+    assert "loaded: aicg.tasks.graph" in done.stdout, done.stdout
 
 
 def test_an_edit_loads_it_in_full_once(project):
