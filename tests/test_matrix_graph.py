@@ -248,12 +248,14 @@ def plan_for(target, cls, preset_name="tolerance", per_family=2):
                            pres.tolerance[cls.dtype][0], per_family)
 
 
-def test_on_the_h100_decode_goes_to_gemv_prefill_to_wgmma_and_mma_is_left_out():
+def test_on_the_h100_decode_is_planned_with_gemv_prefill_led_by_wgmma_and_mma_is_left_out():
     cls = MatmulClass("bfloat16", "k", "k", Epilogue(), ((1, 4096, 4096), (16, 4096, 14336), (4096, 6144, 4096)))
     planned = plan_for("h100-sxm", cls)
-    leaders = [min((c for c in planned.candidates if c.serves(i)), key=lambda c: c.predicted_seconds[i]).template
-               for i in range(3)]
-    assert leaders == ["gemv", "gemv", "wgmma"]
+    prefill = min((c for c in planned.candidates if c.serves(2)), key=lambda c: c.predicted_seconds[2])
+    assert prefill.template == "wgmma"
+    # the decode kernel is sent to the device for the decode shapes beside wgmma's smaller tiles: the
+    # model alone cannot tell them apart by more than its error, the device's timing does
+    assert all(any(c.template == "gemv" and c.serves(i) for c in planned.candidates) for i in (0, 1))
     assert {c.template for c in planned.candidates} == {"gemv", "wgmma"}
     assert any(r["family"] == "matmul_mma" and r["by"] == "prior" for r in planned.rejected)
     limits = GpuLimits.of_hardware(hardware("h100-sxm"))
@@ -332,8 +334,13 @@ def test_a_cpu_build_packages_every_class_unvalidated_and_says_so(built):
             cubin = (root / k["cubin"]).read_bytes()
             assert digest.of_bytes(cubin) == k["cubin_digest"]
             assert k["resources"]["registers"] > 0 and not k["resources"]["warnings"]
-    decode = [d for d in classes["matmul.bfloat16.kk.plain"]["dispatch"] if d["m"] == 1]
-    assert decode and all(".gemv." in d["candidate"] for d in decode if d["n"] != 28672)
+    # unvalidated, each shape goes to the candidate the (calibrated) prior predicts fastest there
+    planned = {c["name"]: c for c in json.loads((root / "plan/matmul.json").read_text())["classes"]}
+    for name, entry in classes.items():
+        for d in entry["dispatch"]:
+            i = entry["shapes"].index([d["m"], d["n"], d["k"]])
+            serving = [c for c in planned[name]["candidates"] if c["predicted_seconds"][i] is not None]
+            assert d["candidate"] == min(serving, key=lambda c: c["predicted_seconds"][i])["id"]
     report = (root / "report.md").read_text()
     assert "## Matrix multiplies" in report and "UNVALIDATED" in report and "epilogue_fusion" in report
     outcome = json.loads(next((root / "validation").glob("*.json")).read_text())

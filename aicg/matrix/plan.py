@@ -11,10 +11,10 @@ accuracy bound of aicg/matrix/accuracy.py fits the dtype's rtol at its K).
 
 Of each family it keeps `per_family` candidates, chosen to lose the least
 against the family's predicted best at every workload shape (select
-dispatches per shape). A family predicted no faster than another at any shape
-it serves, and DOMINATED times slower at some, is not sent to the device at
-all (mma.sync beside wgmma on a Hopper GPU), and the plan says so. The
-device's validation and timing decide among the rest.
+dispatches per shape). A family predicted DOMINATED times slower than another
+at every shape it serves is not sent to the device at all (mma.sync beside
+wgmma on a Hopper GPU), and the plan says so. The device's validation and
+timing decide among the rest.
 """
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ import math
 from dataclasses import dataclass
 
 from . import accuracy, check, prior, space
+from .calibration import Calibration
 from .problem import Problem
 from .space import Realisation
 from .templates import RULES, GpuLimits
 from .workload import MatmulClass
 
-DOMINATED = 1.4      # a family never predicted faster, and this much slower somewhere, is not validated
+DOMINATED = 1.4      # a family predicted this much slower everywhere it serves is not validated
 UNSERVED = 10.0      # the regret of a shape no chosen candidate serves: more than any served one's
 
 
@@ -75,13 +76,18 @@ def candidate_id(real: Realisation) -> str:
 
 
 def settings(template: str):
-    """The settings the planner ranks: every combination of the knobs the prior reads, the others at
-    the values the space tries first, and every setting the space tries."""
+    """The settings the planner ranks: every setting the space tries, and every combination of the
+    knobs the prior models with each design the space tries (the values it tries of the knobs that
+    only a matrix profile's calibration ranks), the other knobs at the values it tries first."""
     tpl = space.templates()[template]
     base = dict(tpl.tried[0]) if tpl.tried else {name: values[0] for name, values in tpl.knobs.items()}
     modelled = [name for name in prior.MODELLED_KNOBS.get(template, ()) if name in tpl.knobs]
+    calibrated = [name for name in prior.CALIBRATED_KNOBS.get(template, ()) if name in tpl.knobs]
+    designs = list(dict.fromkeys(tuple(s[n] for n in calibrated) for s in tpl.tried)) or [
+        tuple(base[n] for n in calibrated)]
     seen = set()
-    for setting in list(tpl.tried) + [dict(base, **dict(zip(modelled, values)))
+    for setting in list(tpl.tried) + [dict(base, **dict(zip(calibrated, design)), **dict(zip(modelled, values)))
+                                      for design in designs
                                       for values in itertools.product(*(tpl.knobs[n] for n in modelled))]:
         key = tuple(sorted(setting.items()))
         if key not in seen:
@@ -106,7 +112,7 @@ class ClassPlan:
 
 
 def _family_pool(cls: MatmulClass, fam, decided, hw: dict, limits: GpuLimits, rtol: float,
-                 rejected: list[dict]) -> list[Candidate]:
+                 rejected: list[dict], measured: Calibration | None) -> list[Candidate]:
     template = fam.template
     tpl = space.templates()[template]
     if not tpl.runs_on(limits.compute_capability):
@@ -147,7 +153,8 @@ def _family_pool(cls: MatmulClass, fam, decided, hw: dict, limits: GpuLimits, rt
             key = (modelled, problem)
             if key not in predicted:
                 predicted[key] = prior.predict_seconds(real, problem, hw)
-            times.append(predicted[key])
+            times.append(predicted[key] if measured is None else
+                         measured.cautious_seconds(real, problem, predicted[key]))
         if any(map(math.isfinite, times)):
             place = tried.index(real.knobs) if real.knobs in tried else len(tried)
             pool.append(Candidate(candidate_id(real), cls.name, fam.name, real, rules, tuple(times), place))
@@ -183,28 +190,29 @@ def _chosen(pool: list[Candidate], shapes: int, count: int) -> list[Candidate]:
 
 def _dominated(name: str, chosen: dict[str, list[Candidate]], shapes: int) -> str | None:
     """Why family `name` need not be validated: at every shape it serves another family is predicted
-    at least as fast, and somewhere DOMINATED times faster (None: it may win somewhere)."""
+    DOMINATED times faster (None: it may come near somewhere; the device decides)."""
     ratios = []
     for i in range(shapes):
         own = min((c.predicted_seconds[i] for c in chosen[name]), default=math.inf)
         other = min((c.predicted_seconds[i] for f, cs in chosen.items() if f != name for c in cs), default=math.inf)
         if math.isfinite(own):
-            if not math.isfinite(other) or own < other:
+            if not math.isfinite(other):
                 return None
             ratios.append(own / other)
-    worst = max(ratios, default=0.0)
-    if worst < DOMINATED:
+    least = min(ratios, default=0.0)
+    if least < DOMINATED:
         return None
-    return (f"predicted no faster than another family at any shape it serves, and {worst:.2f}x slower at "
-            f"some (at least {DOMINATED}x: not validated)")
+    return (f"predicted at least {least:.2f}x slower than another family at every shape it serves "
+            f"(at least {DOMINATED}x: not validated)")
 
 
 def plan_class(cls: MatmulClass, sem, class_legality, hw: dict, limits: GpuLimits, rtol: float,
-               per_family: int) -> ClassPlan:
+               per_family: int, measured: Calibration | None = None) -> ClassPlan:
+    """`measured`: the target's matrix profile's calibration of the prior (None: the model alone)."""
     rejected = [{"family": f, "by": "legality", "why": why} for f, why in sorted(class_legality.blocked.items())]
     chosen: dict[str, list[Candidate]] = {}
     for name in class_legality.usable:
-        pool = _family_pool(cls, sem.families[name], class_legality.legality, hw, limits, rtol, rejected)
+        pool = _family_pool(cls, sem.families[name], class_legality.legality, hw, limits, rtol, rejected, measured)
         if pool:
             chosen[name] = _chosen(pool, len(cls.shapes), per_family)
     kept = []

@@ -23,8 +23,11 @@ The decode realisation (gemv) streams the weight once: its bytes at the
 bandwidth its loads in flight reach, the split-K partials, and the MMA work
 of 16 padded rows.
 
-Knobs the model does not read (raster order, band size, schedule, store) it
-cannot rank: the planner takes them at the values the space tries first.
+Knobs the model does not read it cannot rank. Those a matrix profile's
+measurements rank (CALIBRATED_KNOBS: the schedule, the epilogue's store, the
+decode kernel's ring; aicg/matrix/calibration.py) the planner takes at each
+combination the space tries; the others (raster order, band size) at the
+values the space tries first.
 """
 from __future__ import annotations
 
@@ -54,6 +57,8 @@ REGISTER_BASE, REGISTER_PER_ACCUMULATOR = 40, 1.5   # mma.sync threads' register
 # (4 registers an m16 x k16 A fragment, 2 an n8 x k16 B fragment) and addressing. ptxas used 229
 # registers for 128 accumulators at block_k 32 (estimate 224) and spilled at block_k 64 (288).
 MMA_ADDRESSING_REGISTERS = 32
+# Knobs the model does not read whose effect a matrix profile measures (aicg/matrix/calibration.py).
+CALIBRATED_KNOBS = {"wgmma": ("schedule", "store"), "gemv": ("ring",)}
 GEMV_ROWS = 16                    # the decode kernel computes 16 rows, whatever M
 # A copy issued while every SM streams waits longer than the probe's lone copy: the ring is sized
 # for twice the measured latency.

@@ -29,7 +29,7 @@ from ..errors import CompileError, InputChanged, InputError
 from ..plan_inputs import PlanInput
 from ..semantics import legality as legality_engine
 from ..tasks.step import Result, Step
-from . import build, codegen, prior, semantics, space, validation
+from . import build, calibration, codegen, prior, semantics, space, validation
 from . import plan as matrix_plan
 from . import select as matrix_select
 from .templates import GpuLimits
@@ -40,7 +40,7 @@ TEMPLATE_CODE = tuple(f"matrix/templates/{p.name}" for p in sorted((_MATRIX / "t
 SPACE_CODE = ("matrix/space.py", "matrix/problem.py", *TEMPLATE_CODE)
 LEGALITY_CODE = ("matrix/semantics.py", "matrix/workload.py", "semantics/legality.py", "semantics/ruleset.py",
                  "matrix/steps.py")
-PLAN_CODE = ("matrix/plan.py", "matrix/prior.py", "matrix/accuracy.py", "matrix/reference.py", "matrix/check.py",
+PLAN_CODE = ("matrix/plan.py", "matrix/prior.py", "matrix/calibration.py", "matrix/accuracy.py", "matrix/reference.py", "matrix/check.py",
              "plan_inputs.py", *LEGALITY_CODE, *SPACE_CODE)
 CODEGEN_CODE = ("matrix/codegen.py", *SPACE_CODE)
 COMPILE_CODE = ("nvrtc.py", "matrix/build.py", "matrix/codegen.py")
@@ -71,6 +71,7 @@ class MatrixBuild:
     inputs: dict[str, PlanInput]  # the prior's inputs, with where each came from
     limits: GpuLimits
     arch: str
+    measured: calibration.Profile | None = None   # the target's matrix profile, calibrating the prior
 
     @property
     def ruleset(self):
@@ -84,19 +85,22 @@ class MatrixBuild:
         return tuple(dict.fromkeys(c.dtype for c in self.classes))
 
 
-def load(rules_dir: Path, base_rules, prof, hardware: hw.Hardware) -> MatrixBuild:
+def load(rules_dir: Path, base_rules, prof, hardware: hw.Hardware, hwdb_dir: Path) -> MatrixBuild:
     sem = semantics.load(rules_dir, base_rules)
     inputs = prior.inputs(hardware)
     values = prior.values(inputs)
     limits = GpuLimits.of_hardware(hardware)
+    profile = calibration.load(calibration.path_for(hwdb_dir, hardware.target))
+    measured = calibration.Calibration(profile, lambda r, p: prior.predict_seconds(r, p, values)) if profile else None
     legalities, plans = {}, []
     for cls in prof.matmul:
         decided = semantics.decide(sem, cls.dtype, cls.epilogue, prof.preservation, prof.choice)
         legalities[cls.name] = decided
         plans.append(matrix_plan.plan_class(cls, sem, decided, values, limits,
-                                            prof.preservation.tolerance[cls.dtype][0], prof.candidates_per_family))
+                                            prof.preservation.tolerance[cls.dtype][0], prof.candidates_per_family,
+                                            measured))
     arch = build.RULES["mma"].arch(tuple(hardware.compute_capability))
-    return MatrixBuild(sem, tuple(prof.matmul), legalities, plans, inputs, limits, arch)
+    return MatrixBuild(sem, tuple(prof.matmul), legalities, plans, inputs, limits, arch, profile)
 
 
 def _legality_step(m: MatrixBuild, prof) -> Step:
@@ -127,9 +131,11 @@ def _plan_step(m: MatrixBuild, prof) -> Step:
     reads = {"inputs": {name: i.as_record() for name, i in m.inputs.items()}, "limits": vars(m.limits),
              "space": {t: template_record(t) for t in templates}, "classes": [c.as_record() for c in m.classes],
              "tolerance": {c.dtype: list(prof.preservation.tolerance[c.dtype]) for c in m.classes},
-             "per_family": prof.candidates_per_family}
+             "per_family": prof.candidates_per_family,
+             "matrix_profile": m.measured.digest if m.measured else None}
     record = {"op": OP, "classes": [p.as_record() for p in m.plans],
-              "inputs": {name: i.as_record() for name, i in m.inputs.items()}}
+              "inputs": {name: i.as_record() for name, i in m.inputs.items()},
+              "calibration": m.measured.source() if m.measured else "none: the model alone (no matrix profile)"}
     out = f"plan/{OP}.json"
     return Step(f"plan:{OP}", "enumerate the legal matrix realisations of each class and rank them by the prior",
                 reads, lambda ctx: Result({out: to_json(record)}), PLAN_CODE, upstream=(f"legality:{OP}",),

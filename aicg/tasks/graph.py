@@ -304,7 +304,7 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
                 if decided[dtype].legal_families():
                     steps += _synthesis_steps(op, dtype, rules, prof, hardware, layout, work, hw_facts, decided)
         steps.append(_select_step(op, work, candidates, prof))
-    matrix = matrix_steps.load(layout.rules, rules, prof, hardware) if prof.matmul else None
+    matrix = matrix_steps.load(layout.rules, rules, prof, hardware, layout.hwdb) if prof.matmul else None
     if matrix:
         steps += matrix_steps.steps(matrix, prof, hardware, layout.kernels)
     snapshot = planning_snapshot(layout, profile_path, prof)

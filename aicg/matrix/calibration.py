@@ -1,0 +1,254 @@
+"""A GPU's matrix profile (hwdb/<gpu>.matrix.json) and the calibration it gives the matrix prior.
+
+The profile holds one record per (realisation, shape) timed on the device and
+validated against float64 in the same run, with the run's provenance. What it
+gives the planner is the structural model of aicg/matrix/prior.py *calibrated*
+by measurement, as the row families' realisation profile calibrates theirs
+(aicg/primitives/realisation.py). The model carries what the shape changes
+(waves of tiles, bytes to move, the split-K partials); the measurements carry
+what it cannot know: how fast this GPU runs a schedule, an epilogue store, a
+cluster, a tile shape.
+
+Per template, the log of measured over modelled time of every record is fitted
+by ridge regression (RIDGE) on the realisation's features: each knob's value,
+the dtype, the layouts, the epilogue's parts, and log2 M, N, K with (log2 M)^2
+(how far the model's regime is off as M goes from decode to prefill). A
+realisation then carries the effect of each of its knobs' values whether or not
+its combination was measured: on the H100's profile, held out one realisation
+at a time, the model alone predicted the held-out times within 0.36 (root mean
+square of the log error), the fit within 0.16 (tests/bench/matmul_plan_accuracy.py).
+A measured realisation adds its own records' residuals, weighted by how near
+their shapes are (_shape_weight) and shrunk a little (OWN_SHRINK): what it
+measured at a shape is what it will measure there. A template the profile has no record of borrows the mean log
+ratio of all the records: the model's overall error on this GPU, so that its
+predictions stand beside the calibrated templates' on the same footing.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import cas, digest
+from ..errors import InputError
+from . import space
+from .problem import Problem
+from .space import Realisation
+
+SCHEMA = 1
+PROVENANCE = ("date", "driver", "clocks", "method", "repetitions", "device", "arch")
+RECORD_KEYS = {"realisation": dict, "m": int, "n": int, "k": int, "seconds": float}
+# The ridge penalty on the features' effects (each 0 or 1, or a log2 size): held out one realisation at
+# a time on the H100's profile, 0.3, 1 and 3 gave 0.172, 0.164 and 0.161; 1 keeps more of what one
+# measurement says.
+RIDGE = 1.0
+# A measured realisation's own residuals are shrunk by this weight: one record at the very shape
+# predicted gives 1 / 1.1 of its residual (the plan ranks measured realisations by their measurements).
+OWN_SHRINK = 0.1
+# Where the size features are centred (log2 of M, N, K): a prefill of 1024 tokens on 4096-wide weights.
+CENTRE = (10.0, 12.0, 12.0)
+
+
+def path_for(hwdb_dir: Path, target: str) -> Path:
+    return Path(hwdb_dir) / f"{target}.matrix.json"
+
+
+@dataclass(frozen=True)
+class Profile:
+    path: Path
+    provenance: dict
+    records: tuple[dict, ...]
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return digest.of_value({"provenance": self.provenance, "records": list(self.records)})
+
+    def source(self) -> str:
+        return f"matrix profile {self.path.name} ({self.provenance['device']}, {self.provenance['date']})"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_record(path: Path, i: int, r) -> None:
+    where = f"records[{i}]"
+    if not isinstance(r, dict):
+        raise InputError(path, where, "a measurement (a JSON object)", r)
+    for key, kind in RECORD_KEYS.items():
+        value = r.get(key)
+        ok = _is_number(value) if kind is float else isinstance(value, kind) and not isinstance(value, bool)
+        if not ok:
+            raise InputError(path, f"{where}.{key}", kind.__name__, value)
+    if not all(r[d] > 0 for d in "mnk"):
+        raise InputError(path, f"{where}", "m, n and k of at least 1", [r["m"], r["n"], r["k"]])
+    if not (math.isfinite(r["seconds"]) and r["seconds"] > 0):
+        raise InputError(path, f"{where}.seconds", "a positive finite number of seconds", r["seconds"])
+    try:
+        Realisation.from_dict(r["realisation"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(path, f"{where}.realisation", "a realisation of aicg/matrix/space.toml "
+                                                       "(template, dtype, a_major, b_major, epilogue, knobs)",
+                         str(err)) from None
+
+
+def load(path: Path) -> Profile | None:
+    """The profile at `path`, None if there is none; a malformed one is an error naming the key."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(path, "(file)", "a readable matrix profile (UTF-8 JSON)", str(err)) from None
+    if not isinstance(data, dict):
+        raise InputError(path, "(document)", "a JSON object with schema, provenance and records",
+                         type(data).__name__)
+    if data.get("schema") != SCHEMA:
+        raise InputError(path, "schema", str(SCHEMA), data.get("schema"))
+    provenance = data.get("provenance")
+    if not isinstance(provenance, dict):
+        raise InputError(path, "provenance", "a table of the run's provenance", provenance)
+    for key in PROVENANCE:
+        if key not in provenance:
+            raise InputError(path, f"provenance.{key}", "a value (the key is missing)")
+    records = data.get("records")
+    if not isinstance(records, list) or not records:
+        raise InputError(path, "records", "a non-empty list of measurements")
+    for i, r in enumerate(records):
+        _check_record(path, i, r)
+    return Profile(path, provenance, tuple(records))
+
+
+def save(path: Path, provenance: dict, records: list[dict]) -> None:
+    text = json.dumps({"schema": SCHEMA, "provenance": provenance, "records": records}, separators=(",", ":"))
+    cas.write_atomic(Path(path), (text.replace('},{"realisation"', '},\n{"realisation"') + "\n").encode())
+
+
+def _shape_weight(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    """1 at the same shape, 1/25 at twice or half one of its sizes: what a kernel measured at one shape
+    says of it at another fades fast (waves and tails change with every size)."""
+    d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(a, b))
+    return 1.0 / (1.0 + 4.0 * d2) ** 2
+
+
+def feature_names(template: str) -> list[str]:
+    tpl = space.templates()[template]
+    return (["1"] + [f"{k}={v}" for k in sorted(tpl.knobs) for v in tpl.knobs[k]]
+            + [f"dtype={d}" for d in space.DTYPES] + [f"a={x}" for x in tpl.a_layouts]
+            + [f"b={x}" for x in tpl.b_layouts] + ["bias", "activation", "residual", "log2 m", "log2 n", "log2 k",
+                                                    "(log2 m)^2"])
+
+
+def features(names: list[str], real: Realisation, shape: tuple[float, float, float]) -> np.ndarray:
+    on = {"1", f"dtype={real.dtype}", f"a={real.a_major}", f"b={real.b_major}",
+          *(f"{k}={v}" for k, v in real.knobs)}
+    e = real.epilogue
+    on |= {name for name, flag in (("bias", e.bias), ("activation", e.activation != "none"),
+                                   ("residual", e.residual)) if flag}
+    x = np.array([1.0 if n in on else 0.0 for n in names])
+    lm, ln, lk = (math.log2(v) - c for v, c in zip(shape, CENTRE))
+    x[-4:] = (lm, ln, lk, lm * lm / 10.0)
+    return x
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """One template's ridge fit: the features' effects, and the sizes its records span."""
+    names: list
+    effects: np.ndarray
+    ranges: tuple
+
+    @classmethod
+    def of(cls, template: str, points: list[tuple[Realisation, tuple[int, int, int], float]]) -> "_Fit":
+        names = feature_names(template)
+        x = np.array([features(names, real, shape) for real, shape, _ in points])
+        penalty = RIDGE * np.eye(len(names))
+        penalty[0, 0] = 0.0          # the intercept: the model's overall error on this GPU, not shrunk
+        effects = np.linalg.solve(x.T @ x + penalty, x.T @ np.array([ratio for _, _, ratio in points]))
+        ranges = tuple((min(s[d] for _, s, _ in points), max(s[d] for _, s, _ in points)) for d in range(3))
+        return cls(names, effects, ranges)
+
+    def __call__(self, real: Realisation, shape: tuple[int, int, int]) -> float:
+        # within the sizes measured: the curve in log M is not extrapolated to M it never saw
+        held = tuple(min(max(v, low), high) for v, (low, high) in zip(shape, self.ranges))
+        return float(features(self.names, real, held) @ self.effects)
+
+
+class Calibration:
+    """The log of measured over modelled time of a realisation at a shape, fitted to the profile's
+    records; `model(real, problem)` is the prior's uncalibrated seconds.
+
+    `spread` is how far off the fit was for realisations it had not measured: the root mean square
+    of the log error of each realisation's records predicted by a fit made without them (at most
+    SPREAD_SAMPLES realisations, evenly taken). cautious_seconds() adds it, in part as a realisation's
+    own records near the shape vouch for it, so that the plan prefers a measured kernel to an
+    unmeasured one predicted a little faster: the fastest of many uncertain predictions is the most
+    likely to be too fast."""
+
+    def __init__(self, profile: Profile, model):
+        self.profile = profile
+        by_template: dict[str, list[tuple[Realisation, tuple[int, int, int], float]]] = {}
+        ratios = []
+        for r in profile.records:
+            real = Realisation.from_dict(r["realisation"])
+            shape = (r["m"], r["n"], r["k"])
+            problem = Problem(*shape, real.dtype, real.a_major, real.b_major, real.epilogue)
+            ratios.append(math.log(r["seconds"] / model(real, problem)))
+            by_template.setdefault(real.template, []).append((real, shape, ratios[-1]))
+        self._overall = sum(ratios) / len(ratios)
+        self._fits = {template: _Fit.of(template, points) for template, points in sorted(by_template.items())}
+        self._residuals: dict[Realisation, list[tuple[tuple[int, int, int], float]]] = {}
+        for template, points in by_template.items():
+            for real, shape, ratio in points:
+                self._residuals.setdefault(real, []).append((shape, ratio - self._fits[template](real, shape)))
+        self.spread = _held_out_spread(by_template)
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
+    def _at(self, real: Realisation, shape: tuple[int, int, int]) -> tuple[float, float]:
+        """(log ratio, the weight of the realisation's own records near `shape`)."""
+        key = (real, shape)
+        if key not in self._cache:
+            fit = self._fits.get(real.template)
+            found, vouched = (self._overall, 0.0) if fit is None else (fit(real, shape), 0.0)
+            own = self._residuals.get(real)
+            if fit is not None and own:
+                weights = [_shape_weight(shape, s) for s, _ in own]
+                vouched = sum(weights)
+                found += sum(w * e for w, (_, e) in zip(weights, own)) / (vouched + OWN_SHRINK)
+            self._cache[key] = (found, vouched)
+        return self._cache[key]
+
+    def log_ratio(self, real: Realisation, shape: tuple[int, int, int]) -> float:
+        """The calibration of `real` at `shape`."""
+        return self._at(real, shape)[0]
+
+    def seconds(self, real: Realisation, problem: Problem, modelled: float) -> float:
+        return modelled * math.exp(self.log_ratio(real, (problem.m, problem.n, problem.k)))
+
+    def cautious_seconds(self, real: Realisation, problem: Problem, modelled: float) -> float:
+        """seconds() with the fit's spread added where the realisation's own records do not vouch for
+        it: all of it unmeasured, a tenth of it at a shape it measured (OWN_SHRINK's share)."""
+        found, vouched = self._at(real, (problem.m, problem.n, problem.k))
+        return modelled * math.exp(found + self.spread * OWN_SHRINK / (vouched + OWN_SHRINK))
+
+
+SPREAD_SAMPLES = 64
+
+
+def _held_out_spread(by_template: dict[str, list]) -> float:
+    errors = []
+    for template, points in by_template.items():
+        reals = list(dict.fromkeys(real for real, _, _ in points))
+        step = max(1, len(reals) // SPREAD_SAMPLES)
+        for held in reals[::step]:
+            rest = [p for p in points if p[0] != held]
+            if not rest:
+                continue
+            fit = _Fit.of(template, rest)
+            errors += [ratio - fit(real, shape) for real, shape, ratio in points if real == held]
+    return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else 0.0

@@ -1,0 +1,122 @@
+"""Write a GPU's matrix profile (hwdb/<gpu>.matrix.json) from runs of tests/bench/matmul_bench.py.
+
+    python tests/bench/matmul_profile.py RUN.json [RUN.json ...] --out hwdb/<gpu>.matrix.json
+        [--driver VERSION] [--clocks TEXT]
+
+Each case a run timed (the square, fused and grid stages) and validated against float64 in the
+same run becomes a record: the realisation, M, N, K and the median seconds; the fastest median
+where several runs timed one realisation at one shape. Cases of realisations that the space
+(aicg/matrix/space.toml) no longer names, and those that failed validation, are left out and
+counted. The runs must come from one GPU; the driver and clocks are read from the runs where they
+recorded them, else taken from the options.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from aicg.matrix import calibration, space  # noqa: E402
+
+TIMED_STAGES = ("square", "fused", "grid")
+DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16"}
+
+
+def _epilogue(name: str) -> space.Epilogue:
+    parts = set() if name == "plain" else set(name.split("+"))
+    activation = next((p for p in parts if p in space.ACTIVATIONS), "none")
+    return space.Epilogue(activation, bias="bias" in parts, residual="residual" in parts)
+
+
+@functools.cache
+def _named(template: str, dtype: str, a: str, b: str, epilogue: space.Epilogue) -> dict[str, space.Realisation]:
+    found = {}
+    for knobs in space.knob_settings(template):
+        real = space.realisation(template, dtype, a, b, epilogue, **knobs)
+        found[real.name] = real
+    return found
+
+
+def realisation_of(name: str) -> space.Realisation | None:
+    """The realisation the space names `name` (None: it names none now)."""
+    try:
+        template, dtype, layouts, _, epilogue = name.split(".")
+        a, b = ("k", layouts[1:]) if layouts.startswith("k") else ("mn", layouts[2:])
+        return _named(template, DTYPE_NAMES[dtype], a, b, _epilogue(epilogue)).get(name)
+    except (KeyError, ValueError):
+        return None
+
+
+def _shape(problem: str) -> tuple[int, int, int]:
+    m, n, k = problem.split()[0].split("x")
+    return int(m), int(n), int(k)
+
+
+def collect(runs: list[tuple[str, dict]]) -> tuple[dict, list[dict], dict[str, int]]:
+    """(provenance without driver and clocks, records, counts of the cases left out by reason)."""
+    devices = {(d["device"]["name"], d["arch"]) for _, d in runs}
+    if len(devices) != 1:
+        raise SystemExit(f"the runs come from more than one GPU: {sorted(devices)}")
+    (device, arch), = devices
+    best: dict[tuple, dict] = {}
+    left_out = {"not validated": 0, "not in the space": 0}
+    repetitions, methods = set(), set()
+    for _, data in runs:
+        for case in data["cases"]:
+            if case.get("stage") not in TIMED_STAGES or "timing" not in case:
+                continue
+            if case.get("validation", {}).get("status") != "passed":
+                left_out["not validated"] += 1
+                continue
+            real = realisation_of(case["realisation"])
+            if real is None:
+                left_out["not in the space"] += 1
+                continue
+            timing = case["timing"]
+            repetitions.add(timing["repetitions"])
+            methods.add(timing["method"])
+            key = (real.name, _shape(case["problem"]))
+            if key not in best or timing["median_seconds"] < best[key]["seconds"]:
+                m, n, k = key[1]
+                best[key] = {"realisation": real.as_dict(), "m": m, "n": n, "k": k,
+                             "seconds": timing["median_seconds"]}
+    dates = sorted({Path(name).name[:10] for name, _ in runs})
+    provenance = {"date": dates[-1], "device": device, "arch": arch,
+                  "repetitions": min(repetitions) if repetitions else 0,
+                  "method": "tests/bench/matmul_bench.py: " + "; ".join(sorted(methods)) +
+                            "; each validated against float64 in the same run; the fastest median of the runs",
+                  "runs": [Path(name).name for name, _ in runs]}
+    return provenance, sorted(best.values(), key=lambda r: (r["realisation"]["template"], r["m"], r["n"], r["k"],
+                                                              str(r["realisation"]))), left_out
+
+
+def main(argv=None) -> int:
+    import json
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--driver", help="the driver version, where the runs did not record it")
+    parser.add_argument("--clocks", default="not recorded by the runs")
+    args = parser.parse_args(argv)
+    runs = [(str(p), json.loads(p.read_text())) for p in args.runs]
+    provenance, records, left_out = collect(runs)
+    drivers = {d.get("driver") for _, d in runs} - {None}
+    driver = drivers.pop() if len(drivers) == 1 else args.driver
+    if not driver:
+        raise SystemExit("the runs do not record the driver: give --driver")
+    provenance.update(driver=driver, clocks=args.clocks)
+    if not records:
+        raise SystemExit("no validated timed case in the runs")
+    calibration.save(args.out, provenance, records)
+    calibration.load(args.out)   # what the planner will read, checked
+    print(f"{args.out}: {len(records)} records; left out: "
+          + ", ".join(f"{n} {why}" for why, n in left_out.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
