@@ -245,8 +245,14 @@ class Bench:
         print(f"compiled {len(reals)} in {time.monotonic() - t:.1f} s; {len(failed)} ruled out by the compiler"
               + "".join(f"\n  {n}: " + (self.built[n].get("error", "").strip().splitlines() or [""])[-1][:200]
                         + "; ".join(self.built[n].get("problems", [])) for n in failed), flush=True)
+        from aicg import digest, record
+        from aicg.probe.gpu import _SMI_FIELDS
+        clocks = os.popen(f"nvidia-smi --query-gpu={_SMI_FIELDS} --format=csv,noheader 2>/dev/null").read().strip()
         self.recorder = Recorder(args.json, {
             "device": {"name": info.name, "compute_capability": list(self.cc), "sm_count": info.sm_count},
+            "driver": record.driver_version(), "clocks": clocks or "unknown (no nvidia-smi)",
+            "kernels": {p.relative_to(ROOT / "kernels").as_posix(): digest.of_file(p)
+                        for p in sorted((ROOT / "kernels/matrix").glob("*.cuh"))},
             "arch": self.arch, "hwdb": self.record.target if self.record else None, "args": vars(args),
             "compile": {n: {k: v for k, v in b.items() if k != "cubin"} for n, b in self.built.items()}})
         self.runner = worker.Runner()

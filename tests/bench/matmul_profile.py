@@ -107,8 +107,12 @@ def main(argv=None) -> int:
     drivers = {d.get("driver") for _, d in runs} - {None}
     driver = drivers.pop() if len(drivers) == 1 else args.driver
     if not driver:
-        raise SystemExit("the runs do not record the driver: give --driver")
-    provenance.update(driver=driver, clocks=args.clocks)
+        raise SystemExit("the runs do not record one driver: give --driver")
+    clocks = sorted({d["clocks"] for _, d in runs if d.get("clocks")})
+    provenance.update(driver=driver, clocks="; ".join(clocks) or args.clocks)
+    kernels = [d.get("kernels") for _, d in runs]
+    if kernels and all(kernels) and all(k == kernels[0] for k in kernels):
+        provenance["kernels"] = kernels[0]    # the headers measured (digests), where every run recorded the same
     if not records:
         raise SystemExit("no validated timed case in the runs")
     calibration.save(args.out, provenance, records)
