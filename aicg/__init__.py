@@ -9,8 +9,8 @@ each choice. `doit build` builds one; `aicg.load` runs its kernels.
 def __getattr__(name):
     # Loaded on first use: `doit list` and a no-op build import aicg but need neither (numpy, CUDA).
     if name == "backend":
-        from .fx import make_backend
-        return make_backend
+        from .fx import backend
+        return backend
     if name == "load":
         from .runtime.instance import load
         return load

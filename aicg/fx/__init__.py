@@ -1,6 +1,6 @@
 """torch.compile onto an instance: `torch.compile(model, backend=aicg.backend(inst))`.
 
-The backend (aicg/fx/backend.py) takes each graph Dynamo captures, replaces every pattern
+The backend (aicg/fx/compiler.py) takes each graph Dynamo captures, replaces every pattern
 of rulesets/patterns.toml that the instance can run with the instance's custom operators
 (aicg/fx/lower.py), and hands the graph to Inductor; it reports what it replaced and why it
 left the rest. PyTorch is imported only when a backend is made: `import aicg` does not
@@ -19,10 +19,6 @@ def backend(instance, *, mode: str | None = None, options: dict | None = None, i
     (default: the instance's own, else rulesets/patterns.toml).
     The backend's `reports` list what each captured graph got; `report()` says it in words.
     """
-    from .backend import Backend
+    from .compiler import Backend
     return Backend(instance, mode=mode, options=options, inner=inner, patterns=patterns)
 
-
-# Importing the submodule aicg.fx.backend rebinds the package's `backend` to that module;
-# aicg.backend reads this name, which stays the function.
-make_backend = backend
