@@ -151,6 +151,29 @@ def test_an_unknown_device_gets_a_new_entry(hwdb_dir):
         hw.load(path)
 
 
+def test_outside_a_checkout_the_shipped_entry_is_copied_to_this_directorys_hwdb_then_measured(
+        hwdb_dir, tmp_path, monkeypatch):
+    own = tmp_path / "elsewhere" / "hwdb"
+    shipped = (hwdb_dir / "nvidia-h200.toml").read_bytes()
+    path = record.writable_entry(hwdb_dir, own, "NVIDIA H200", (9, 0))
+    assert path == own / "nvidia-h200.toml" and path.read_bytes() == shipped
+    _merge(path, COPY)
+    assert (hwdb_dir / "nvidia-h200.toml").read_bytes() == shipped          # the shipped entry untouched
+    assert record.writable_entry(hwdb_dir, own, "NVIDIA H200", (9, 0)) == path
+    assert hw.load(path).facts[COPY.name].source == "measured"               # not copied over again
+    new = record.writable_entry(hwdb_dir, own, "NVIDIA B200", (10, 0))
+    assert new == own / "nvidia-b200.toml" and not new.exists()
+    # the tasks read and write where builds do (aicg/cli_layout.py): here, a directory with no rulesets/
+    from aicg import cli_layout
+    from aicg.tasks import probe_tasks
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    layout = cli_layout.resolve(tmp_path / "elsewhere")
+    probe = next(probe_tasks.task_probe())["actions"][0][1]
+    assert probe[1:] == [layout.hwdb, own.resolve()]
+    lab = probe_tasks.task_primitives()["actions"][0][1]
+    assert lab[1:3] == [cli_layout.shipped("rulesets"), cli_layout.shipped("kernels")] and lab[4] == own.resolve()
+
+
 def test_a_malformed_entry_is_a_clear_error_and_stays_as_it_was(hwdb_dir, raises_input_error):
     path = hwdb_dir / "nvidia-h200.toml"
     _merge(path, COPY)

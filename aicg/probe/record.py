@@ -58,6 +58,19 @@ def entry_for(hwdb_dir: Path, device_name: str, compute_capability: tuple[int, i
     return Path(hwdb_dir) / f"{slug(device_name)}.toml"
 
 
+def writable_entry(hwdb_dir: Path, own_dir: Path, device_name: str, compute_capability: tuple[int, int]) -> Path:
+    """The entry of this device to write measurements to, in `own_dir` (this directory's hwdb/): the
+    one `hwdb_dir` (what commands here read: the shipped entries with this directory's over them)
+    has for it, copied into `own_dir` first where only the shipped hwdb has it (its datasheet facts
+    kept), else the path a new one gets there."""
+    found = entry_for(hwdb_dir, device_name, compute_capability)
+    own = Path(own_dir) / found.name
+    if found.exists() and not own.exists():
+        own.parent.mkdir(parents=True, exist_ok=True)
+        own.write_bytes(found.read_bytes())
+    return own
+
+
 def _new_head(device_name: str, compute_capability: tuple[int, int]) -> str:
     major, minor = compute_capability
     return (f"# {device_name}: created by `doit probe`. Add the datasheet facts (hw.REQUIRED_FACTS), each with\n"

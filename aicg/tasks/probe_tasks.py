@@ -22,7 +22,7 @@ from pathlib import Path
 from doit import get_var
 from doit.exceptions import TaskFailed
 
-from .. import cli_vars
+from .. import cli_layout, cli_vars
 from ..errors import CompileError, DeviceError, InputError
 from ..probe import record, registry
 
@@ -44,7 +44,9 @@ def _format(value: float, unit: str) -> str:
     return f"{value:.4g} {unit}"
 
 
-def run_probe(name: str, hwdb_dir: Path) -> dict:
+def run_probe(name: str, hwdb_dir: Path, own_hwdb: Path | None = None) -> dict:
+    """Probe `name` on this node's GPU into its entry: read among `hwdb_dir`'s, written to
+    `own_hwdb` (default: hwdb_dir)."""
     try:
         gpu = _gpu()
         module = registry.probe(name)
@@ -56,8 +58,8 @@ def run_probe(name: str, hwdb_dir: Path) -> dict:
         return TaskFailed(f"probe {name}: {err}")
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     clocks = f"before: {before}; after: {after}"
-    path = record.entry_for(hwdb_dir, gpu.name, gpu.compute_capability)
     try:
+        path = record.writable_entry(hwdb_dir, own_hwdb or hwdb_dir, gpu.name, gpu.compute_capability)
         report = record.merge(path, gpu.name, gpu.compute_capability, name, result, date, gpu.driver_version, clocks)
     except InputError as err:
         return TaskFailed(str(err))
@@ -91,9 +93,10 @@ def _first_doc_line(name: str) -> str:
 
 def task_probe():
     """measure this node's GPU into hwdb/<gpu>.toml: doit probe (all) or doit probe:<name>"""
-    hwdb_dir = Path.cwd() / "hwdb"
+    layout = cli_layout.resolve(Path.cwd())   # outside a checkout: the shipped entry, written to ./hwdb
     for name in registry.ORDER:
-        yield {"name": name, "doc": _first_doc_line(name), "actions": [(run_probe, [name, hwdb_dir])],
+        yield {"name": name, "doc": _first_doc_line(name),
+               "actions": [(run_probe, [name, layout.hwdb, layout.own_hwdb])],
                "uptodate": [False], "verbosity": 2}
 
 
@@ -114,7 +117,11 @@ def parse_budget(text: str | None) -> float | None:
     return seconds
 
 
-def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path, budget_text: str | None = None) -> dict:
+def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path, budget_text: str | None = None,
+                   own_hwdb: Path | None = None) -> dict:
+    """The lab on this node's GPU: its entry read among `hwdb_dir`'s, the realisation profile
+    written to `own_hwdb` (default: hwdb_dir), this directory's hwdb/."""
+    own_hwdb = Path(own_hwdb or hwdb_dir)
     from .. import cas, config, hw, plan_inputs
     from ..primitives import lab, realisation
     from ..semantics import ruleset as ruleset_loader
@@ -126,11 +133,11 @@ def run_primitives(hwdb_dir: Path, rules_dir: Path, kernels_dir: Path, budget_te
         limits = plan_inputs.values(plan_inputs.resolve(hw.load(entry)))
         rules = ruleset_loader.load(rules_dir)
         configs = lab.configurations(rules, limits)
-        path = realisation.path_for(hwdb_dir, entry.stem)
-        partial = hwdb_dir / f"{entry.stem}.realisation.partial.json"
+        path = realisation.path_for(own_hwdb, entry.stem)
+        partial = own_hwdb / f"{entry.stem}.realisation.partial.json"
         run_method = lab.method(gpu.name, gpu.driver_version)
         headers = lab.kernel_digests(rules, kernels_dir)   # what is compiled now, not after minutes of measuring
-        store = cas.Store(config.load(hwdb_dir.parent).local)
+        store = cas.Store(config.load(own_hwdb.parent).local)
         # What an interrupted run (a time limit, a lost node) or the profile measured on these
         # very cubins, with this method, GPU and driver, is kept rather than measured again.
         sources = [lab.resume(partial, run_method), _profile_source(path, run_method)]
@@ -260,6 +267,7 @@ def _profile_source(path: Path, run_method: dict):
 def task_primitives():
     """measure the realisations of the row primitives on this node's GPU into hwdb/<gpu>.realisation.json
     (budget=<seconds>: the most urgent first, within that wall-clock time; again: what is left)"""
-    root = Path.cwd()
-    return {"actions": [(run_primitives, [root / "hwdb", root / "rulesets", root / "kernels", get_var("budget")])],
+    layout = cli_layout.resolve(Path.cwd())   # outside a checkout: the shipped files, written to ./hwdb
+    return {"actions": [(run_primitives, [layout.hwdb, layout.rules, layout.kernels, get_var("budget"),
+                                          layout.own_hwdb])],
             "uptodate": [False], "verbosity": 2, "meta": cli_vars.meta(["budget"])}
