@@ -39,6 +39,8 @@ SETTINGS = {s.name: s for s in (
     Setting("dtype", "DTYPE", "only this dtype (default: the workload's dtypes of the operator)", ("explain",)),
     Setting("budget", "SECONDS", "measure the most decisive realisations first and stop after this many "
                                  "seconds (default: measure all)", ("primitives",)),
+    Setting("family", "rows|matrix|all", "measure the row primitives, the matrix family or both (default: all)",
+            ("primitives",)),
 )}
 FLAGS = {"recache": ("", "0", "1")}
 

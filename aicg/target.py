@@ -159,8 +159,10 @@ def snapshot_profile(profile_path: Path, prof) -> bytes:
     return (head + tomli_w.dumps(doc)).encode()
 
 
-def notes(hardware: hw.Hardware, has_realisation: bool, prior: str, hwdb_dir: Path) -> list[str]:
-    """What the target's entry lacks for planning, what the build uses instead, and what would add it."""
+def notes(hardware: hw.Hardware, has_realisation: bool, prior: str, hwdb_dir: Path,
+          has_matrix_profile: bool | None = None) -> list[str]:
+    """What the target's entry lacks for planning, what the build uses instead, and what would add it
+    (has_matrix_profile: None where the profile has no matrix multiplies)."""
     found = []
     if not any(f.source == "measured" for f in hardware.facts.values()):
         found.append(f"{hwdb_dir}/{hardware.target}.toml has no measured section: plans read its datasheet facts "
@@ -171,4 +173,9 @@ def notes(hardware: hw.Hardware, has_realisation: bool, prior: str, hwdb_dir: Pa
                      f"candidates are ranked by the structural cost model alone; `doit primitives` on the GPU "
                      f"({hardware.name}) times every realisation of the row primitives, and plans are then calibrated "
                      f"by those timings")
+    if has_matrix_profile is False:
+        found.append(f"{hardware.target} has no matrix profile ({hwdb_dir}/{hardware.target}.matrix.json): matrix "
+                     f"realisations are ranked by the structural cost model alone; `doit primitives family=matrix` "
+                     f"on the GPU ({hardware.name}) times the ones the space tries, and the matrix plan is then "
+                     f"calibrated by those timings")
     return found

@@ -171,7 +171,7 @@ def test_outside_a_checkout_the_shipped_entry_is_copied_to_this_directorys_hwdb_
     probe = next(probe_tasks.task_probe())["actions"][0][1]
     assert probe[1:] == [layout.hwdb, own.resolve()]
     lab = probe_tasks.task_primitives()["actions"][0][1]
-    assert lab[1:3] == [cli_layout.shipped("rulesets"), cli_layout.shipped("kernels")] and lab[4] == own.resolve()
+    assert lab[2:4] == [cli_layout.shipped("rulesets"), cli_layout.shipped("kernels")] and lab[5] == own.resolve()
 
 
 def test_a_malformed_entry_is_a_clear_error_and_stays_as_it_was(hwdb_dir, raises_input_error):

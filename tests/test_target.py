@@ -106,7 +106,7 @@ def datasheet_only(hwdb_dir, entry: str) -> None:
     text = path.read_text()
     if record.MARKER in text:
         path.write_text(text[:text.index(record.MARKER)])
-    for beside in (f"{entry}.curves.json", f"{entry}.realisation.json"):
+    for beside in (f"{entry}.curves.json", f"{entry}.realisation.json", f"{entry}.matrix.json"):
         (hwdb_dir / beside).unlink(missing_ok=True)
 
 
@@ -119,6 +119,9 @@ def test_an_entry_without_measurements_says_what_probe_and_primitives_would_add(
     assert "no realisation profile" in found[1] and "`doit primitives`" in found[1]
     assert targets.notes(h100, has_realisation=False, prior="datasheet", hwdb_dir=HWDB) == found[:1]
     assert targets.notes(h200, has_realisation=True, prior="measured", hwdb_dir=HWDB) == []
+    matrix = targets.notes(h200, has_realisation=True, prior="measured", hwdb_dir=HWDB, has_matrix_profile=False)
+    assert len(matrix) == 1 and "no matrix profile" in matrix[0] and "`doit primitives family=matrix`" in matrix[0]
+    assert targets.notes(h200, True, "measured", HWDB, has_matrix_profile=True) == []
 
 
 @pytest.fixture(scope="module")

@@ -40,11 +40,13 @@ _loaded: dict = {}
 
 def _notes(instance, root: Path) -> list[str]:
     from .. import target as targets
+    from ..matrix import calibration
     from ..primitives import realisation
     layout, prof = instance.layout, instance.profile
     has_realisation = realisation.path_for(layout.hwdb, prof.target).exists()
+    has_matrix = calibration.path_for(layout.hwdb, prof.target).exists() if prof.matmul else None
     shown = layout.hwdb.relative_to(root) if layout.hwdb.is_relative_to(root) else layout.hwdb
-    return targets.notes(instance.hardware, has_realisation, prof.prior, shown)
+    return targets.notes(instance.hardware, has_realisation, prof.prior, shown, has_matrix)
 
 
 def load() -> cli_graph.LoadedGraph:

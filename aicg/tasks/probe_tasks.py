@@ -264,10 +264,57 @@ def _profile_source(path: Path, run_method: dict):
     return lab.Measured(cubins, list(profile.records), {i: dates.get(i, profile.provenance["date"]) for i in cubins})
 
 
+def run_matrix_lab(hwdb_dir: Path, kernels_dir: Path, budget_text: str | None = None,
+                   own_hwdb: Path | None = None) -> dict:
+    """The matrix lab on this node's GPU (aicg/matrix/lab.py): its entry read among `hwdb_dir`'s,
+    the matrix profile written to `own_hwdb` (default: hwdb_dir)."""
+    from ..matrix import calibration, device, worker
+    from ..matrix import lab as matrix_lab
+    own_hwdb = Path(own_hwdb or hwdb_dir)
+    try:
+        seconds = parse_budget(budget_text)
+        gpu = _gpu()
+        entry = record.entry_for(hwdb_dir, gpu.name, gpu.compute_capability)
+        limits, _ = device.limits(hwdb_dir)
+        node = matrix_lab.Node(gpu.name, tuple(gpu.compute_capability), limits, gpu.driver_version, gpu.clocks)
+        result = matrix_lab.measure(node, calibration.path_for(own_hwdb, entry.stem), kernels_dir, seconds,
+                                    worker.Runner(), say=_say)
+    except (DeviceError, CompileError, InputError, RuntimeError) as err:
+        return TaskFailed(f"primitives (matrix): {err}")
+    if result["profile"] is None:
+        return TaskFailed("primitives (matrix): no realisation was validated and timed: "
+                          + "; ".join(f"{n}: {w}" for n, w in sorted(result["failed"].items())[:5]))
+    return {"matrix_profile": result["profile"]}
+
+
+FAMILIES = {"all": ("rows", "matrix"), "rows": ("rows",), "matrix": ("matrix",)}
+
+
+def run_lab(family_text: str | None, hwdb_dir: Path, rules_dir: Path, kernels_dir: Path,
+            budget_text: str | None = None, own_hwdb: Path | None = None) -> dict:
+    """`doit primitives`: the row primitives' lab, then the matrix family's (family= picks one), each
+    within `budget` seconds of its own."""
+    family = family_text or "all"
+    if family not in FAMILIES:
+        raise InputError("doit primitives", "family", "rows, matrix or all", family)
+    done = {}
+    if "rows" in FAMILIES[family]:
+        done = run_primitives(hwdb_dir, rules_dir, kernels_dir, budget_text, own_hwdb)
+        if isinstance(done, TaskFailed):
+            return done
+    if "matrix" in FAMILIES[family]:
+        matrix = run_matrix_lab(hwdb_dir, kernels_dir, budget_text, own_hwdb)
+        if isinstance(matrix, TaskFailed):
+            return matrix
+        done = {**done, **matrix}
+    return done
+
+
 def task_primitives():
-    """measure the realisations of the row primitives on this node's GPU into hwdb/<gpu>.realisation.json
-    (budget=<seconds>: the most urgent first, within that wall-clock time; again: what is left)"""
+    """measure the row primitives' and the matrix family's realisations on this node's GPU into
+    hwdb/<gpu>.realisation.json and hwdb/<gpu>.matrix.json (family=rows|matrix: one of them;
+    budget=<seconds>: each within that wall-clock time, the most urgent first; again: what is left)"""
     layout = cli_layout.resolve(Path.cwd())   # outside a checkout: the shipped files, written to ./hwdb
-    return {"actions": [(run_primitives, [layout.hwdb, layout.rules, layout.kernels, get_var("budget"),
-                                          layout.own_hwdb])],
-            "uptodate": [False], "verbosity": 2, "meta": cli_vars.meta(["budget"])}
+    return {"actions": [(run_lab, [get_var("family"), layout.hwdb, layout.rules, layout.kernels, get_var("budget"),
+                                   layout.own_hwdb])],
+            "uptodate": [False], "verbosity": 2, "meta": cli_vars.meta(["family", "budget"])}

@@ -1,0 +1,143 @@
+"""The matrix lab (aicg/matrix/lab.py) without a GPU: what it measures and in what order, what becomes
+a record, budgets and resumption; the runner and compiler stand in for the GPU node's."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from aicg import hw
+from aicg.errors import InputError
+from aicg.matrix import calibration, lab
+from aicg.matrix.space import Epilogue
+from aicg.matrix.templates import RULES, GpuLimits
+from aicg.tasks import probe_tasks
+
+REPO = Path(__file__).resolve().parents[1]
+KERNELS = REPO / "kernels"
+H100 = GpuLimits.of_hardware(hw.load_target(REPO / "hwdb", "h100-sxm"))
+A100 = GpuLimits.of_hardware(hw.load_target(REPO / "hwdb", "a100-sxm4-80gb"))
+SMALL = replace(lab.settings(), shapes=((128, 256, 512), (1, 256, 512)), fused_shapes=((128, 256, 512),))
+
+
+def node(driver="580", limits=H100, cc=(9, 0)):
+    return lab.Node("A GPU", cc, limits, driver, lambda: "sm 1980 MHz")
+
+
+class Runner:
+    """Passes every case, timed at one microsecond per M row plus 1 us, except what it is told."""
+
+    def __init__(self, fails_tile=(), faults=()):
+        self.fails_tile, self.faults, self.calls = set(fails_tile), set(faults), []
+
+    def run(self, real, cubin, problem, validate=True, repetitions=0):
+        self.calls.append((real.name, (problem.m, problem.n, problem.k), repetitions))
+        assert validate and cubin == b"cubin of " + real.name.encode()
+        if repetitions == 0 and real.name in self.fails_tile:
+            return {"validation": {"status": "failed"}}
+        if real.name in self.faults:
+            return {"fault": "an illegal address", "validation": {"status": "failed"}}
+        result = {"validation": {"status": "passed"}}
+        if repetitions:
+            result["timing"] = {"median_seconds": 1e-6 * (problem.m + 1)}
+        return result
+
+
+def compiler(reals, arch, kernels_dir):
+    assert arch == "sm_90a"
+    return {r.name: {"cubin": b"cubin of " + r.name.encode(), "problems": []} for r in reals}
+
+
+def test_the_lab_file_reads_and_a_bad_one_is_an_input_error(tmp_path, raises_input_error):
+    found = lab.settings()
+    assert found.repetitions > 0 and found.shapes and found.fused_shapes
+    path = tmp_path / "lab.toml"
+    path.write_text("schema = 1\nrepetitions = 5\nshapes = [[1, 2]]\nfused_shapes = []\n")
+    with raises_input_error(path, "shapes", "an array of [M, N, K]"):
+        lab.settings(path)
+    path.write_text("schema = 1\nrepetitions = 0\nshapes = []\nfused_shapes = []\n")
+    with raises_input_error(path, "repetitions", "a positive integer"):
+        lab.settings(path)
+
+
+def test_every_tried_setting_the_gpu_runs_is_measured_plain_and_fused():
+    hopper = lab.realisations((9, 0), H100)
+    assert {r.template for r in hopper} == {"wgmma", "mma", "gemv"}
+    assert {r.epilogue for r in hopper} == {Epilogue(), lab.FUSED}
+    assert all(not RULES[r.template].violations(r, H100) for r in hopper)
+    ampere = lab.realisations((8, 0), A100)
+    assert {r.template for r in ampere} == {"mma", "gemv"}
+
+
+def test_cases_go_shape_by_shape_and_each_realisation_only_where_it_computes():
+    reals = lab.realisations((9, 0), H100)
+    found = lab.cases(reals, SMALL)
+    shapes = [(p.m, p.n, p.k, p.epilogue) for _, p in found]
+    assert shapes == sorted(shapes, key=lambda s: [(128, 256, 512, Epilogue()), (1, 256, 512, Epilogue()),
+                                                   (128, 256, 512, lab.FUSED)].index(s))
+    assert all(r.epilogue == p.epilogue for r, p in found)
+    assert not any(RULES[r.template].unsupported(r, p) for r, p in found)
+
+
+def test_a_run_writes_validated_times_only_and_says_what_failed(tmp_path):
+    reals = lab.realisations((9, 0), H100)
+    bad_tile, faulting = reals[0].name, reals[1].name
+    runner = Runner(fails_tile=[bad_tile], faults=[faulting])
+    path = tmp_path / "gpu.matrix.json"
+    result = lab.measure(node(), path, KERNELS, None, runner, say=lambda line: None, compiler=compiler, lab=SMALL)
+    profile = calibration.load(path)
+    names = {calibration.Realisation.from_dict(r["realisation"]).name for r in profile.records}
+    assert bad_tile not in names and faulting not in names
+    assert not any(name == bad_tile and reps for name, _, reps in runner.calls)   # a failed tile is never timed
+    assert set(result["failed"]) == {bad_tile, faulting} and "fault" in result["failed"][faulting]
+    timed = [c for c in runner.calls if c[2]]
+    assert len(profile.records) == result["measured"] == len(timed) - sum(c[0] == faulting for c in timed)
+    assert all(c[2] == SMALL.repetitions for c in timed)
+    p = profile.provenance
+    assert (p["device"], p["driver"], p["arch"], p["lab"]) == ("A GPU", "580", "sm_90a", SMALL.digest)
+    assert "matrix/gemm_wgmma.cuh" in p["kernels"] and not p["method"].startswith("partial")
+
+
+def test_a_second_run_keeps_what_the_first_measured_unless_the_driver_changed(tmp_path):
+    path = tmp_path / "gpu.matrix.json"
+    first = lab.measure(node(), path, KERNELS, None, Runner(), say=lambda line: None, compiler=compiler, lab=SMALL)
+    again = Runner()
+    second = lab.measure(node(), path, KERNELS, None, again, say=lambda line: None, compiler=compiler, lab=SMALL)
+    assert second["measured"] == 0 and not again.calls and second["records"] == first["records"]
+    newer = Runner()
+    third = lab.measure(node(driver="590"), path, KERNELS, None, newer, say=lambda line: None, compiler=compiler,
+                        lab=SMALL)
+    assert third["measured"] == first["measured"] and calibration.load(path).provenance["driver"] == "590"
+
+
+def test_a_budget_stops_it_between_cases_and_the_next_run_measures_what_is_left(tmp_path, monkeypatch):
+    clock = iter(range(10**6))
+    monkeypatch.setattr(lab.time, "monotonic", lambda: float(next(clock)))
+    path = tmp_path / "gpu.matrix.json"
+    cut = lab.measure(node(), path, KERNELS, 12.0, Runner(), say=lambda line: None, compiler=compiler, lab=SMALL)
+    assert cut["left"] > 0 and cut["measured"] > 0
+    profile = calibration.load(path)
+    assert profile.provenance["method"].startswith(f"partial: {cut['left']} cases left")
+    rest = lab.measure(node(), path, KERNELS, None, Runner(), say=lambda line: None, compiler=compiler, lab=SMALL)
+    assert rest["measured"] == cut["left"] and rest["left"] == 0
+    whole = lab.measure(node(), tmp_path / "whole.json", KERNELS, None, Runner(), say=lambda line: None,
+                        compiler=compiler, lab=SMALL)
+    assert rest["records"] == whole["records"]
+
+
+def test_a_profile_the_lab_wrote_calibrates_the_plan(tmp_path):
+    from aicg.matrix import prior
+    path = tmp_path / "gpu.matrix.json"
+    lab.measure(node(), path, KERNELS, None, Runner(), say=lambda line: None, compiler=compiler, lab=SMALL)
+    values = prior.values(prior.inputs(hw.load_target(REPO / "hwdb", "h100-sxm")))
+    fit = calibration.Calibration(calibration.load(path), lambda r, p: prior.predict_seconds(r, p, values))
+    assert fit.spread >= 0
+
+
+def test_doit_primitives_family_must_be_rows_matrix_or_all(tmp_path):
+    with pytest.raises(InputError, match="doit primitives: family: expected rows, matrix or all"):
+        probe_tasks.run_lab("tensor", tmp_path, tmp_path, tmp_path)
+    assert set(probe_tasks.FAMILIES) == {"all", "rows", "matrix"}
+    assert json.dumps(probe_tasks.FAMILIES["all"]) == '["rows", "matrix"]'
