@@ -265,7 +265,7 @@ class BuildReporter(ConsoleReporter):
         if not (ran or local or remote or recorded or self.failures or self.fresh):
             return
         if not (ran or local or remote or recorded or self.failures):
-            self.write(f"aicg: nothing to do, all {len(self.fresh)} tasks are up to date\n")
+            self.write(f"aicg: nothing to do, all {len(self.fresh)} tasks are up to date, in {self.bar.elapsed():.2f} s\n")
         else:
             compiled = sum(1 for n in ran if n.startswith("compile:"))   # a kernel may take two NVRTC runs (occupancy.py)
             self.write(f"aicg: {len(ran)} tasks ran ({compiled} kernels compiled), "
