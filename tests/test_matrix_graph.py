@@ -413,7 +413,15 @@ def check_valid(project, fastest, gpu):
 def test_validations_in_the_store_make_the_matrix_kernels_valid_and_the_fastest_wins(validated):
     project, run, fastest, gpu = validated
     assert run.compilations == 0
-    check_valid(project, fastest, gpu)
+    manifest = check_valid(project, fastest, gpu)
+    # the report's rate against the tensor cores' (the H100's measured wgmma rate)
+    peak = manifest["matrix"]["tensor_peak_flops"]["bfloat16"]
+    assert peak["value"] == hardware("h100-sxm").fact("wgmma_bf16_flops") and peak["source"].startswith("measured")
+    report = (project / "build/h100-matmul/report.md").read_text()
+    assert "of peak" in report and f"{peak['value'] / 1e12:.1f} TFLOP/s" in report
+    d = manifest["matrix"]["classes"]["matmul.bfloat16.kk.plain"]["dispatch"][-1]
+    share = 2 * d["m"] * d["n"] * d["k"] / d["measured_seconds"] / peak["value"]
+    assert f" {share:.0%}" in report
 
 
 def test_a_machine_without_a_gpu_takes_the_matrix_validations_from_the_record(validated, tmp_path):

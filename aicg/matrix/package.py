@@ -33,7 +33,8 @@ def section(ctx, matrix, compute_capability) -> tuple[dict, dict[str, bytes]]:
     """(the manifest's "matrix" section, the cubins it names: path -> bytes), from the published
     legality, plan and selection of `matrix` (aicg/matrix/steps.py's MatrixBuild)."""
     legal = json.loads(ctx.upstream(f"legality:{OP}", f"legality/{OP}.json"))
-    planned = {c["name"]: c for c in json.loads(ctx.upstream(f"plan:{OP}", f"plan/{OP}.json"))["classes"]}
+    plan_record = json.loads(ctx.upstream(f"plan:{OP}", f"plan/{OP}.json"))
+    planned = {c["name"]: c for c in plan_record["classes"]}
     selection = json.loads(ctx.upstream(f"select:{OP}", f"select/{OP}.json"))["classes"]
     outputs: dict[str, bytes] = {}
     classes = {}
@@ -66,7 +67,20 @@ def section(ctx, matrix, compute_capability) -> tuple[dict, dict[str, bytes]]:
             "why": {"families": {f: families[f]["facts"] for f in sorted({k["family"] for k in kernels.values()})},
                     "rules": {r: decided["legality"]["rules"][r]["facts"] for r in rules}}}
     return ({"entry": codegen.ENTRY, "arch": matrix.arch, "compute_capability": list(compute_capability),
+             "tensor_peak_flops": tensor_peaks(plan_record["inputs"], {c["dtype"] for c in classes.values()}),
              "classes": classes}, outputs)
+
+
+def tensor_peaks(inputs: dict, dtypes) -> dict:
+    """dtype -> {value, source}: the tensor cores' rate in that dtype, the faster of the instruction
+    families the prior reads (wgmma where the GPU has it), as the report divides by it."""
+    found = {}
+    for dtype in sorted(dtypes):
+        rates = [inputs[f"{family}_flops.{dtype}"] for family in ("wgmma", "mma") if f"{family}_flops.{dtype}" in inputs]
+        if rates:
+            best = max(rates, key=lambda r: r["value"])
+            found[dtype] = {"value": best["value"], "source": best["source"]}
+    return found
 
 
 def upstream(matrix) -> tuple[str, ...]:

@@ -5,28 +5,38 @@ report stay as they were.
 """
 from __future__ import annotations
 
-HEADER = ("class", "shape", "kernel", "regs", "smem", "validation", "time", "TFLOP/s")
+HEADER = ("class", "shape", "kernel", "regs", "smem", "validation", "time", "TFLOP/s", "of peak")
 
 
 def _rows(manifest: dict) -> list[tuple[str, ...]]:
+    section = manifest.get("matrix") or {}
+    peaks = section.get("tensor_peak_flops", {})
     out = []
-    for name, c in sorted((manifest.get("matrix") or {}).get("classes", {}).items()):
+    for name, c in sorted(section.get("classes", {}).items()):
         if not c["dispatch"]:
-            out.append((name, "-", "-", "-", "-", "none", "-", "-"))
+            out.append((name, "-", "-", "-", "-", "none", "-", "-", "-"))
         for d in c["dispatch"]:
             shape = f"{d['m']}x{d['n']}x{d['k']}"
             k = c["kernels"].get(d["candidate"]) if d["candidate"] else None
             if k is None:
-                out.append((name, shape, "-", "-", "-", "none", "-", "-"))
+                out.append((name, shape, "-", "-", "-", "none", "-", "-", "-"))
                 continue
             r = k["resources"] or {}
             status = d["status"] if d["status"] == "passed" else str(d["status"]).upper()
             seconds = d["measured_seconds"]
             time = f"{seconds * 1e6:.1f} us" if seconds else "-"
-            rate = f"{2 * d['m'] * d['n'] * d['k'] / seconds / 1e12:.1f}" if seconds else "-"
+            flops = 2 * d["m"] * d["n"] * d["k"] / seconds if seconds else None
+            peak = peaks.get(c["dtype"], {}).get("value")
             out.append((name, shape, d["candidate"].removeprefix("matmul."), str(r.get("registers", "?")),
-                        f"{r.get('shared_bytes', 0) + k.get('dynamic_shared_bytes', 0)} B", status, time, rate))
+                        f"{r.get('shared_bytes', 0) + k.get('dynamic_shared_bytes', 0)} B", status, time,
+                        f"{flops / 1e12:.1f}" if flops else "-", f"{flops / peak:.0%}" if flops and peak else "-"))
     return out
+
+
+def peak_note(manifest: dict) -> list[str]:
+    peaks = (manifest.get("matrix") or {}).get("tensor_peak_flops", {})
+    return [f"of peak: TFLOP/s over the tensor cores' {dtype} rate, {p['value'] / 1e12:.1f} TFLOP/s ({p['source']})."
+            for dtype, p in sorted(peaks.items())]
 
 
 def notes(manifest: dict) -> list[str]:
@@ -57,7 +67,7 @@ def table(manifest: dict) -> str:
     widths = [max(len(r[i]) for r in body) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in body]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines + [""] + notes(manifest)).rstrip() + "\n"
+    return "\n".join(lines + [""] + peak_note(manifest) + notes(manifest)).rstrip() + "\n"
 
 
 def report(manifest: dict) -> str:
