@@ -74,7 +74,7 @@ GOOD = record(wgmma(), (128, 256, 64), 1e-5)
 
 
 @pytest.mark.parametrize("document, key, expected", [
-    ("not json", "(file)", "a readable matrix profile"),
+    ("not json", "(syntax)", "valid JSON"),
     ([], "(document)", "a JSON object"),
     ({"schema": 2, "provenance": PROVENANCE, "records": [GOOD]}, "schema", "1"),
     ({"schema": 1, "provenance": {k: v for k, v in PROVENANCE.items() if k != "driver"}, "records": [GOOD]},

@@ -25,22 +25,18 @@ predictions stand beside the calibrated templates' on the same footing.
 """
 from __future__ import annotations
 
-import functools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .. import cas, digest
+from .. import measurements
 from ..errors import InputError
 from . import space
 from .problem import Problem
 from .space import Realisation
 
-SCHEMA = 1
-PROVENANCE = ("date", "driver", "clocks", "method", "repetitions", "device", "arch")
 RECORD_KEYS = {"realisation": dict, "m": int, "n": int, "k": int, "seconds": float}
 # The ridge penalty on the features' effects (each 0 or 1, or a log2 size): held out one realisation at
 # a time on the H100's profile, 0.3, 1 and 3 gave 0.172, 0.164 and 0.161; 1 keeps more of what one
@@ -57,16 +53,7 @@ def path_for(hwdb_dir: Path, target: str) -> Path:
     return Path(hwdb_dir) / f"{target}.matrix.json"
 
 
-@dataclass(frozen=True)
-class Profile:
-    path: Path
-    provenance: dict
-    records: tuple[dict, ...]
-
-    @functools.cached_property
-    def digest(self) -> str:
-        return digest.of_value({"provenance": self.provenance, "records": list(self.records)})
-
+class Profile(measurements.Measurements):
     def source(self) -> str:
         return f"matrix profile {self.path.name} ({self.provenance['device']}, {self.provenance['date']})"
 
@@ -75,10 +62,8 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_record(path: Path, i: int, r) -> None:
+def _check_record(path: Path, i: int, r: dict) -> None:
     where = f"records[{i}]"
-    if not isinstance(r, dict):
-        raise InputError(path, where, "a measurement (a JSON object)", r)
     for key, kind in RECORD_KEYS.items():
         value = r.get(key)
         ok = _is_number(value) if kind is float else isinstance(value, kind) and not isinstance(value, bool)
@@ -98,35 +83,17 @@ def _check_record(path: Path, i: int, r) -> None:
 
 def load(path: Path) -> Profile | None:
     """The profile at `path`, None if there is none; a malformed one is an error naming the key."""
-    path = Path(path)
-    if not path.exists():
+    found = measurements.read(path, "matrix profile")
+    if found is None:
         return None
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(path, "(file)", "a readable matrix profile (UTF-8 JSON)", str(err)) from None
-    if not isinstance(data, dict):
-        raise InputError(path, "(document)", "a JSON object with schema, provenance and records",
-                         type(data).__name__)
-    if data.get("schema") != SCHEMA:
-        raise InputError(path, "schema", str(SCHEMA), data.get("schema"))
-    provenance = data.get("provenance")
-    if not isinstance(provenance, dict):
-        raise InputError(path, "provenance", "a table of the run's provenance", provenance)
-    for key in PROVENANCE:
-        if key not in provenance:
-            raise InputError(path, f"provenance.{key}", "a value (the key is missing)")
-    records = data.get("records")
-    if not isinstance(records, list) or not records:
-        raise InputError(path, "records", "a non-empty list of measurements")
+    provenance, records = found
     for i, r in enumerate(records):
         _check_record(path, i, r)
-    return Profile(path, provenance, tuple(records))
+    return Profile(Path(path), provenance, tuple(records))
 
 
 def save(path: Path, provenance: dict, records: list[dict]) -> None:
-    text = json.dumps({"schema": SCHEMA, "provenance": provenance, "records": records}, separators=(",", ":"))
-    cas.write_atomic(Path(path), (text.replace('},{"realisation"', '},\n{"realisation"') + "\n").encode())
+    measurements.save(path, provenance, records)
 
 
 def _shape_weight(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:

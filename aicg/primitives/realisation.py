@@ -29,34 +29,21 @@ scale) and bit stability come with every record; legality reads them.
 from __future__ import annotations
 
 import bisect
-import functools
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cas, codegen, digest, plan, plan_inputs
+from .. import codegen, digest, measurements, plan, plan_inputs
 from ..dtypes import DTYPES
 from ..errors import InputError
 
-SCHEMA = 1
-PROVENANCE = ("date", "driver", "clocks", "method", "repetitions", "device", "arch")
+PROVENANCE = measurements.PROVENANCE
 
 
 def path_for(hwdb_dir: Path, target: str) -> Path:
     return Path(hwdb_dir) / f"{target}.realisation.json"
 
 
-@dataclass(frozen=True)
-class Profile:
-    path: Path
-    provenance: dict
-    records: tuple[dict, ...]
-
-    @functools.cached_property
-    def digest(self) -> str:
-        return digest.of_value({"provenance": self.provenance, "records": list(self.records)})
-
+class Profile(measurements.Measurements):
     def by_config(self) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
         for r in self.records:
@@ -81,43 +68,15 @@ def _is(value, kind) -> bool:
 
 def load(path: Path) -> Profile | None:
     """The profile at `path`, None if there is none; a malformed one is an error naming the key."""
-    path = Path(path)
-    if not path.exists():
+    found = measurements.read(path, "realisation profile")
+    if found is None:
         return None
-    try:
-        raw = path.read_bytes()
-    except IsADirectoryError:
-        raise InputError(path, "(file)", "a realisation profile (JSON), not a directory") from None
-    except OSError as err:
-        raise InputError(path, "(file)", "a readable realisation profile (JSON)", err.strerror or str(err)) from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise InputError(path, "(encoding)", "UTF-8 text", f"byte 0x{raw[err.start]:02x} on line {line}") from None
-    except json.JSONDecodeError as err:
-        raise InputError(path, "(syntax)", "valid JSON", str(err)) from None
-    if not isinstance(data, dict):
-        raise InputError(path, "(document)", "a JSON object with schema, provenance and records",
-                         type(data).__name__)
-    if data.get("schema") != SCHEMA:
-        raise InputError(path, "schema", str(SCHEMA), data.get("schema"))
-    provenance = data.get("provenance", {})
-    if not isinstance(provenance, dict):
-        raise InputError(path, "provenance", "a table of the lab run's provenance", provenance)
-    for key in PROVENANCE:
-        if key not in provenance:
-            raise InputError(path, f"provenance.{key}", "a value (the key is missing)")
-    records = data.get("records")
-    if not isinstance(records, list) or not records:
-        raise InputError(path, "records", "a non-empty list of measurements")
+    provenance, records = found
     for i, r in enumerate(records):
-        if not isinstance(r, dict):
-            raise InputError(path, f"records[{i}]", "a measurement (a JSON object)", r)
         for key, kind in _RECORD_KEYS.items():
             if not _is(r.get(key), kind):
                 raise InputError(path, f"records[{i}].{key}", kind.__name__, r.get(key))
-    return Profile(path, provenance, tuple(records))
+    return Profile(Path(path), provenance, tuple(records))
 
 
 def kernels_changed(provenance: dict, headers: dict[str, bytes]) -> list[str] | None:
@@ -130,8 +89,7 @@ def kernels_changed(provenance: dict, headers: dict[str, bytes]) -> list[str] | 
 
 
 def save(path: Path, provenance: dict, records: list[dict]) -> None:
-    text = json.dumps({"schema": SCHEMA, "provenance": provenance, "records": records}, separators=(",", ":"))
-    cas.write_atomic(Path(path), (text.replace('},{"id"', '},\n{"id"') + "\n").encode())
+    measurements.save(path, provenance, records)
 
 
 def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
