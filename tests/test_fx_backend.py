@@ -28,7 +28,10 @@ def rule_names():
 def test_the_shipped_patterns_cover_every_operator_larger_ones_first(rule_names):
     loaded = patterns_loader.load(PATTERNS, rule_names)
     from aicg.ops import OPERATORS
-    assert {p.operator for p in loaded.patterns} == set(OPERATORS)
+    assert {p.operator for p in loaded.patterns} == set(OPERATORS) | {patterns_loader.MATRIX_OPERATOR}
+    # every epilogue the matrix kernels have, with and without a bias, is written down once
+    epilogues = [patterns_loader.matrix_epilogue(p) for p in loaded.patterns if p.is_matrix]
+    assert len(epilogues) == len(set(epilogues)) and {e[0] for e in epilogues} == set(patterns_loader.MATRIX_ACTIVATIONS)
     sizes = [p.size for p in loaded.patterns]
     assert sizes == sorted(sizes, reverse=True)
     written_out = next(p for p in loaded.patterns if p.name == "rmsnorm_written_out")
@@ -320,3 +323,111 @@ def test_backend_arguments_are_checked_when_it_is_made(torch, instance, tmp_path
     shutil.rmtree(bare / "source")
     with pytest.raises(FileNotFoundError, match="no planning snapshot"):
         aicg.backend(aicg.load(bare))
+
+
+# --- matrix multiplies: F.linear and its epilogue onto inst.matmul ---------------------------
+
+def with_matrix(root, classes, dtype="bfloat16"):
+    """`root`'s instance with a matrix section: one validated wgmma kernel for each epilogue in
+    `classes` (Epilogue objects), F.linear's layouts."""
+    from aicg.matrix import space
+    manifest = json.loads((root / "manifest.json").read_text())
+    section = {}
+    for epilogue in classes:
+        real = space.realisation("wgmma", dtype, "k", "k", epilogue, **space.templates()["wgmma"].tried[0])
+        name = f"matmul.{dtype}.kk.{epilogue.name}"
+        section[name] = {"dtype": dtype, "a_major": "k", "b_major": "k", "epilogue": epilogue.as_dict(),
+                         "kernels": {f"matmul.{real.name}": {"realisation": real.as_dict(), "validation": "passed"}},
+                         "dispatch": [{"m": 128, "n": 256, "k": 64, "candidate": f"matmul.{real.name}"}]}
+    manifest["matrix"] = {"arch": "sm_90a", "compute_capability": [9, 0], "classes": section}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def epilogues(*names):
+    from aicg.matrix.space import Epilogue
+    parts = {"plain": {}, "bias": {"bias": True}, "residual": {"residual": True},
+             "bias+residual": {"bias": True, "residual": True}, "silu": {"activation": "silu"},
+             "bias+gelu_erf": {"bias": True, "activation": "gelu_erf"},
+             "bias+gelu_erf+residual": {"bias": True, "activation": "gelu_erf", "residual": True}}
+    return [Epilogue(**parts[n]) for n in names]
+
+
+@pytest.mark.parametrize("name, classes, expected", [
+    ("llama", ("plain", "silu", "residual"),
+     {"linear": 3 + 1, "linear_residual": 2, "linear_silu": 1}),          # q, k, v, up; o and down; gate
+    ("gpt2", ("bias", "bias+residual", "bias+gelu_erf"),
+     {"linear_bias": 1, "linear_bias_residual": 2, "linear_bias_gelu": 1}),
+])
+def test_the_model_blocks_get_their_projections_and_epilogues_onto_the_matrix_kernels(
+        torch, tmp_path, bench_module, name, classes, expected):
+    import aicg
+    inst = aicg.load(with_matrix(make_instance(tmp_path / "i", dtypes=("bfloat16",)), epilogues(*classes)))
+    bench = bench_module("model_bench")
+    report, y = lowered(torch, inst, bench.make_block(name, "meta"), bench.block_input(name, 2, 64, "meta"))
+    assert tuple(y.shape) == (2, 64, bench.BLOCKS[name][1]().hidden)
+    by_pattern = {}
+    for r in report.replaced:
+        if r.operator == "matmul":
+            by_pattern[r.pattern] = by_pattern.get(r.pattern, 0) + 1
+    assert by_pattern == expected, report.text()
+    assert "linear" not in report.left
+    assert report.counts()["matmul"] == sum(expected.values())
+    assert not [d for d in report.declined if d.operator == "matmul"]
+
+
+def test_an_epilogue_the_instance_has_no_class_for_is_declined_naming_what_it_has(torch, tmp_path, bench_module):
+    import aicg
+    inst = aicg.load(with_matrix(make_instance(tmp_path / "i", dtypes=("bfloat16",)), epilogues("plain")))
+    bench = bench_module("model_bench")
+    report, _ = lowered(torch, inst, bench.make_block("gpt2", "meta"), bench.block_input("gpt2", 1, 8, "meta"))
+    declined = [d for d in report.declined if d.operator == "matmul"]
+    assert declined and {d.kind for d in declined} == {"operator"}
+    assert any(d.reason.startswith("this instance has no matrix kernels for bfloat16, layouts (A, B) kk, epilogue "
+                                   "bias+residual (it has matmul.bfloat16.kk.plain)") for d in declined)
+    assert report.left["linear"] == 4
+
+
+def test_a_weight_in_another_dtype_or_a_host_graph_is_declined(torch, tmp_path):
+    import aicg
+    F = torch.nn.functional
+    inst = aicg.load(with_matrix(make_instance(tmp_path / "i", dtypes=("bfloat16",)), epilogues("plain")))
+    report, _ = lowered(torch, inst, lambda x, w: F.linear(x, w), meta(torch, 4, 64), meta(torch, 32, 64,
+                                                                                          dtype=torch.float32))
+    assert [(d.pattern, d.kind) for d in report.declined] == [("linear", "dtype")]
+    report, _ = lowered(torch, inst, lambda x, w: F.linear(x, w), torch.ones(4, 64, dtype=torch.bfloat16),
+                        torch.ones(32, 64, dtype=torch.bfloat16))
+    assert [(d.pattern, d.kind) for d in report.declined] == [("linear", "device")]
+
+
+def test_the_rewritten_matrix_graph_computes_what_the_original_computed(torch, tmp_path, monkeypatch):
+    """On the host, a float64 stand-in for the matrix kernels: each replacement passes x, the weight
+    (as its transpose), the bias, the residual and the activation where the kernel takes them."""
+    import aicg
+    from aicg.fx import contract
+    monkeypatch.setattr(contract, "DEVICES", (*contract.DEVICES, "cpu"))
+    inst = aicg.load(with_matrix(make_instance(tmp_path / "i", dtypes=("bfloat16",)),
+                                 epilogues("plain", "bias", "bias+gelu_erf+residual", "silu"), dtype="bfloat16"))
+    F = torch.nn.functional
+    acts = {"none": lambda t: t, "gelu_erf": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+            "silu": F.silu}
+    calls = []
+
+    def matmul(a, b, bias=None, residual=None, activation=None):
+        calls.append(activation)
+        y = a.double() @ b.double() + (bias.double() if bias is not None else 0)
+        y = acts[activation or "none"](y) + (residual.double() if residual is not None else 0)
+        return y.to(a.dtype)
+    monkeypatch.setattr(inst.matrix, "matmul", matmul)
+
+    def f(x, w, b, r, w2):
+        return (F.linear(x, w), F.linear(x, w, b), r + F.gelu(F.linear(x, w, b)), F.silu(F.linear(x, w2)))
+
+    g = torch.Generator().manual_seed(5)
+    x, w, w2 = (torch.randn(*s, generator=g).bfloat16() for s in ((3, 5, 64), (32, 64), (16, 64)))
+    b, r = torch.randn(32, generator=g).bfloat16(), torch.randn(3, 5, 32, generator=g).bfloat16()
+    report, found = lowered(torch, inst, f, x, w, b, r, w2)
+    assert report.counts() == {"matmul": 4}, report.text()
+    assert sorted(calls, key=str) == sorted([None, None, "gelu_erf", "silu"], key=str)
+    for got, wanted in zip(found, f(x, w, b, r, w2)):
+        assert got.shape == wanted.shape and torch.allclose(got.float(), wanted.float(), rtol=2e-2, atol=2e-2)

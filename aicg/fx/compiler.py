@@ -55,7 +55,8 @@ class Backend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
         """What torch.compile calls with each captured graph (and its mode=/options=, if given there)."""
-        report = lower(gm, self.instance.ops, self.instance.namespace, self.patterns, self.spellings, self.rules)
+        report = lower(gm, self.instance.ops, self.instance.namespace, self.patterns, self.spellings, self.rules,
+                       getattr(self.instance, "matrix", None))
         self.reports.append(report)
         log.info("%s", report.text())
         return self._compile(gm, example_inputs, mode or self.mode, {**self.options, **(options or {})})

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
+from ..matrix.space import Epilogue
 from ..ops import OPERATORS
 from ..runtime import arrays
-from ..semantics.patterns import Pattern
+from ..semantics.patterns import Pattern, matrix_epilogue
 from .legal import InstanceRules
 from .match import Match, example
 from .spellings import Spellings
@@ -145,3 +146,90 @@ def _result(op, root: torch.fx.Node, x: torch.Tensor, dtype: str) -> Verdict:
     if found == wanted + ["1"]:
         return Verdict(None, dtype=dtype, keepdim=True)
     return Verdict("shape", f"the graph's result has shape {found}; the kernel's would have {wanted}", dtype)
+
+
+# --- matrix patterns (inst.matmul with an epilogue) ---------------------------------------------
+
+def check_matrix(pattern: Pattern, match: Match, root: torch.fx.Node, matrix, spellings: Spellings) -> Verdict:
+    """Whether the instance's matrix kernels (`matrix`: aicg/matrix/dispatch.py's MatrixKernels, None
+    without any) take this match: x's rows (K contiguous), w of N x K read as F.linear's weight (K
+    contiguous) or its transpose, b of (N,) contiguous, r shaped like the result with contiguous rows,
+    all in one 16-bit dtype, and a class of the instance for that dtype, those layouts and the
+    pattern's epilogue (the build made it only where its fusion is legal)."""
+    activation, has_bias, has_residual = matrix_epilogue(pattern)
+    if matrix is None or not matrix.classes:
+        return Verdict("operator", "this instance has no matrix kernels (no [[matmul]] entries in its profile, or "
+                                   "none validated on the target)")
+    names = ("x", "w", *(("b",) if has_bias else ()), *(("r",) if has_residual else ()))
+    if has_bias and match.captures["b"] is None:   # F.linear(x, w, None): the pattern without a bias is that one
+        return Verdict("structure", "the graph passes no bias")
+    tensors = {}
+    for name in names:
+        value = example(match.captures[name])
+        if not isinstance(value, torch.Tensor):
+            return Verdict("shape", f"{name}: the kernel takes a tensor, the graph passes {match.captures[name]!r}")
+        tensors[name] = value
+    x, w = tensors["x"], tensors["w"]
+    dtype = _dtype_name(x.dtype)
+    if x.device.type not in DEVICES:
+        return Verdict("device", f"x is on {x.device}; the kernels run on CUDA devices", dtype)
+    for name, t in tensors.items():
+        if t.dtype != x.dtype or t.device != x.device:
+            return Verdict("dtype", f"{name} is {_dtype_name(t.dtype)} on {t.device}; the kernel takes x's {dtype} on "
+                                    f"{x.device}", dtype)
+    if x.ndim < 1 or w.ndim != 2 or str(x.shape[-1]) != str(w.shape[1]):
+        return Verdict("shape", f"x of shape {_size_text(x.shape)} and w of shape {_size_text(w.shape)}: the kernel "
+                                f"takes rows of K and a weight of N x K", dtype)
+    result = example(root)
+    wanted = [str(s) for s in (*x.shape[:-1], w.shape[0])]
+    if not isinstance(result, torch.Tensor) or result.dtype != x.dtype or [str(s) for s in result.shape] != wanted:
+        return Verdict("shape", f"the graph's result is not one {dtype} tensor of shape {wanted}", dtype)
+    if has_bias and [str(s) for s in tensors["b"].shape] != [str(w.shape[0])]:
+        return Verdict("shape", f"b has shape {_size_text(tensors['b'].shape)}; the kernel takes ({w.shape[0]},)", dtype)
+    if has_residual and [str(s) for s in tensors["r"].shape] != wanted:
+        return Verdict("shape", f"r has shape {_size_text(tensors['r'].shape)}; the kernel takes the result's {wanted}",
+                       dtype)
+    w_major, layout = _matrix_layout(tensors)
+    if layout:
+        return Verdict("layout", layout, dtype)
+    epilogue = Epilogue(activation, has_bias, has_residual)
+    if (dtype, "k", w_major, epilogue) not in matrix.classes:
+        have = ", ".join(sorted(c.name for c in matrix.classes.values()))
+        return Verdict("operator", f"this instance has no matrix kernels for {dtype}, layouts (A, B) k{w_major}, "
+                                   f"epilogue {epilogue.name} (it has {have}): add that [[matmul]] class to its profile",
+                       dtype)
+    inside = set(match.nodes)
+    for node in match.nodes[1:]:
+        others = [user.name for user in node.users if user not in inside]
+        if others:
+            return Verdict("users", f"{spellings.describe(node)} is used by {', '.join(others)} as well, and the "
+                                    f"kernel does not return it", dtype)
+    return Verdict(None, dtype=dtype)
+
+
+def _matrix_layout(tensors: dict) -> tuple[str, str | None]:
+    """(w's contiguous dimension as the kernels name it: "k" for F.linear's weight, "mn" for its
+    transpose; what the kernels do not take, or None). Symbolic sizes are checked when it runs."""
+    w = tensors["w"]
+    shape, strides = _static(w.shape), _static(w.stride())
+    w_major = "k"
+    if shape is not None and strides is not None:
+        n, k = shape
+        if strides[1] == 1 or k == 1:
+            w_major = "k"
+        elif strides[0] == 1 or n == 1:
+            w_major = "mn"
+        else:
+            return "k", f"w has strides {list(strides)}: the kernels take a weight with one contiguous dimension"
+    for name in ("x", "r"):
+        t = tensors.get(name)
+        if t is None or _static(t.shape) is None or _static(t.stride()) is None:
+            continue
+        try:
+            arrays.row_stride(name, tuple(t.shape), t.stride())
+        except ValueError as err:
+            return w_major, str(err)
+    b = tensors.get("b")
+    if b is not None and _static(b.stride()) is not None and b.shape[0] > 1 and b.stride()[0] != 1:
+        return w_major, f"b has stride {b.stride()[0]}; the kernel takes a contiguous vector"
+    return w_major, None

@@ -7,7 +7,9 @@ the nodes it replaces go; the first match that fails, or where none fits, the re
 furthest into the pattern, is reported. A structural near-miss is reported only where more
 than half the pattern's operations matched (the one of a single-operation pattern), so that
 every `add` of a graph is not a "declined bias_gelu_residual", and not at a node that another
-pattern replaced or declined for a reason other than its structure.
+pattern replaced or declined for a reason other than its structure. Matrix patterns
+(F.linear and its epilogue onto inst.matmul) are tried only where the instance has matrix
+kernels.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 import torch.fx
 
 from ..ops import OPERATORS
-from ..semantics.patterns import Pattern, Patterns
+from ..semantics.patterns import Pattern, Patterns, matrix_epilogue
 from . import contract
 from .legal import InstanceRules
 from .match import Match, Matcher, example
@@ -27,19 +29,23 @@ from .spellings import Spellings, target_name
 
 
 def lower(gm: torch.fx.GraphModule, kernels_by_op: dict, namespace: str, patterns: Patterns,
-          spellings: Spellings, rules: InstanceRules) -> GraphReport:
-    """Rewrite `gm` in place; `kernels_by_op`: the instance's operators; `namespace`: where its
-    custom operators are registered (torch.ops.<namespace>)."""
+          spellings: Spellings, rules: InstanceRules, matrix=None) -> GraphReport:
+    """Rewrite `gm` in place; `kernels_by_op`: the instance's operators; `matrix`: its matrix
+    kernels (None without); `namespace`: where its custom operators are registered
+    (torch.ops.<namespace>)."""
     graph, report = gm.graph, GraphReport()
     matcher = Matcher(spellings)
     registered = getattr(torch.ops, namespace)
+    has_matrix = matrix is not None and bool(matrix.classes)
     for pattern in patterns.patterns:
+        if pattern.is_matrix and not has_matrix:
+            continue   # an instance without matrix multiplies leaves every linear as it was, unremarked
         outermost = pattern.match.operation
         for node in list(graph.nodes):
             if getattr(node, "_erased", False) or \
                     not any(n.operation.name == outermost for n in spellings.normalize(node)):
                 continue
-            _try(pattern, node, matcher, kernels_by_op, rules, spellings, registered, graph, report)
+            _try(pattern, node, matcher, kernels_by_op, matrix, rules, spellings, registered, graph, report)
     # a near miss says little where another pattern replaced the node or was declined for a real reason
     decided = {r.node for r in report.replaced} | {d.node for d in report.declined if d.kind != "structure"}
     report.declined = [d for d in report.declined if d.kind != "structure" or d.node not in decided]
@@ -56,7 +62,7 @@ def _name(node: torch.fx.Node, spellings: Spellings) -> str:
     return normal[0].operation.name if normal else target_name(node)
 
 
-def _try(pattern: Pattern, node, matcher: Matcher, kernels_by_op, rules, spellings, registered, graph,
+def _try(pattern: Pattern, node, matcher: Matcher, kernels_by_op, matrix, rules, spellings, registered, graph,
          report: GraphReport) -> None:
     matches, failure = matcher.match(pattern, node)
     if not matches:
@@ -65,9 +71,13 @@ def _try(pattern: Pattern, node, matcher: Matcher, kernels_by_op, rules, spellin
         return
     first = None
     for match in matches:
-        verdict = contract.check(pattern, match, node, kernels_by_op, rules, spellings)
+        if pattern.is_matrix:
+            verdict = contract.check_matrix(pattern, match, node, matrix, spellings)
+        else:
+            verdict = contract.check(pattern, match, node, kernels_by_op, rules, spellings)
         if verdict.kind is None:
-            report.replaced.append(_replace(pattern, match, node, verdict, registered, graph))
+            replace = _replace_matrix if pattern.is_matrix else _replace
+            report.replaced.append(replace(pattern, match, node, verdict, registered, graph))
             spellings.forget()   # the replaced node's users now read the operator's result
             return
         first = first or verdict
@@ -95,6 +105,30 @@ def _replace(pattern: Pattern, match: Match, root: torch.fx.Node, verdict: contr
         graph.erase_node(node)
     x = example(match.captures["x"])
     return Replaced(root_name, pattern.name, op.name, verdict.dtype, tuple(_plain_sizes(x.shape)),
+                    tuple(n.name for n in reversed(replaced)))
+
+
+def _replace_matrix(pattern: Pattern, match: Match, root: torch.fx.Node, verdict: contract.Verdict, registered,
+                    graph: torch.fx.Graph) -> Replaced:
+    """One call of the instance's matmul: act(x @ w.T + b) + r, w passed as its transpose (a view)."""
+    activation, has_bias, has_residual = matrix_epilogue(pattern)
+    captures = match.captures
+    result_value, root_name = example(root), root.name
+    with graph.inserting_before(root):
+        transposed = graph.call_function(torch.t, (captures["w"],))
+        transposed.meta["example_value"] = example(captures["w"]).t()
+        transposed.meta["aicg_adapter"] = True   # ours, not an operation the graph had
+        call = graph.call_function(registered.matmul.default, (captures["x"], transposed),
+                                   {"bias": captures["b"] if has_bias else None,
+                                    "residual": captures["r"] if has_residual else None, "activation": activation})
+        call.meta["example_value"] = result_value
+    root.replace_all_uses_with(call)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    replaced = sorted(set(match.nodes), key=order.__getitem__, reverse=True)   # users before what they use
+    for node in replaced:
+        graph.erase_node(node)
+    x = example(captures["x"])
+    return Replaced(root_name, pattern.name, pattern.operator, verdict.dtype, tuple(_plain_sizes(x.shape)),
                     tuple(n.name for n in reversed(replaced)))
 
 

@@ -1,10 +1,12 @@
 """Loading rulesets/patterns.toml: the graph patterns an instance operator may replace.
 
-Two tables. `operations` says how a captured PyTorch graph spells each operation a
+Three tables. `operations` says how a captured PyTorch graph spells each operation a
 pattern names: a canonical signature, the callables that compute it, and their own
 signatures where those differ. `patterns` says, per instance operator, which expressions
 over those operations it computes, and which rules (rules.toml) must be legal for its
-kernel to stand there. Expressions are written in Python syntax and parsed with `ast`
+kernel to stand there. `matrix_patterns` says which expressions the instance's matrix
+kernels compute (inst.matmul with an epilogue): F.linear's x, weight and bias, an
+activation and a residual. Expressions are written in Python syntax and parsed with `ast`
 into the small tree below; everything a pattern names (operations, their arguments, the
 operator's arguments, rules, where-names) is checked here, so a typo is an InputError
 naming the file and key, not a pattern that silently never matches.
@@ -126,6 +128,18 @@ class Pattern:
     rules: tuple[str, ...]
     why: str
     size: int                         # operations matched (a where-name's once)
+    activation: str | None = None     # a matrix pattern's (MATRIX_OPERATOR): the epilogue's activation
+
+    @property
+    def is_matrix(self) -> bool:
+        return self.operator == MATRIX_OPERATOR
+
+
+# A matrix pattern's operator, and what it binds: x (the rows, K wide), w (F.linear's weight,
+# N x K), b (its bias, N) and r (a residual added last, shaped like the result); x and w always.
+MATRIX_OPERATOR = "matmul"
+MATRIX_CAPTURES = ("x", "w", "b", "r")
+MATRIX_ACTIVATIONS = ("none", "gelu_erf", "gelu_tanh", "silu")
 
 
 @dataclass(frozen=True)
@@ -344,6 +358,33 @@ def _pattern(name: str, t: tomlfile.Table, operations: dict[str, Operation], rul
     return Pattern(name, operator.name, match, where, rules, why, _calls(match, where, set()))
 
 
+def _matrix_pattern(name: str, t: tomlfile.Table, operations: dict[str, Operation]) -> Pattern:
+    reader = _Reader(t, "match", operations, MATRIX_CAPTURES, set())
+    match = reader.parse(t.get("match", str))
+    if not isinstance(match, Call):
+        raise t.error("match", "an expression whose outermost part is an operation call", t.get("match", str))
+    missing = [c for c in ("x", "w") if c not in reader.used]
+    if missing:
+        raise t.error("match", f"an expression that binds x and w (and b, r where it has a bias, a residual); it "
+                               f"does not bind {', '.join(missing)}", t.get("match", str))
+    activation = t.get("activation", str, default="none", choices=set(MATRIX_ACTIVATIONS))
+    why = t.get("why", str, default="")
+    t.done()
+    return Pattern(name, MATRIX_OPERATOR, match, {}, (), why, _calls(match, {}, set()), activation)
+
+
+def matrix_epilogue(pattern: Pattern) -> tuple[str, bool, bool]:
+    """(activation, bias, residual) of a matrix pattern: what its match binds."""
+    bound = _captured(pattern.match)
+    return pattern.activation or "none", "b" in bound, "r" in bound
+
+
+def _captured(expression) -> set[str]:
+    if isinstance(expression, Call):
+        return set().union(*(_captured(e) for _, e in expression.arguments))
+    return {expression.name} if isinstance(expression, Capture) else set()
+
+
 def _check_where_graph(t: tomlfile.Table, match: Call, where: dict) -> None:
     """Where-names may use each other, but not in a cycle."""
     state: dict[str, str] = {}
@@ -369,6 +410,11 @@ def load(path: Path, rule_names) -> Patterns:
     doc.get("schema", int, choices={1})
     operations = {name: _operation(name, t) for name, t in doc.table("operations").tables()}
     found = [_pattern(name, t, operations, set(rule_names)) for name, t in doc.table("patterns").tables()]
+    matrix = doc.table("matrix_patterns", default={})
+    clash = sorted(set(matrix.keys()) & {p.name for p in found})
+    if clash:
+        raise matrix.error(clash[0], "a name no pattern of [patterns] has")
+    found += [_matrix_pattern(name, t, operations) for name, t in matrix.tables()]
     doc.done()
     ordered = sorted(found, key=lambda p: -p.size)   # stable: file order among equals
     return Patterns(path, operations, tuple(ordered))
