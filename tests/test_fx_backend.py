@@ -372,8 +372,16 @@ def test_the_model_blocks_get_their_projections_and_epilogues_onto_the_matrix_ke
             by_pattern[r.pattern] = by_pattern.get(r.pattern, 0) + 1
     assert by_pattern == expected, report.text()
     assert "linear" not in report.left
-    assert report.counts()["matmul"] == sum(expected.values())
+    assert report.counts()["matmul"] == sum(expected.values()) == bench.EXPECTED_MATMUL[name]
     assert not [d for d in report.declined if d.operator == "matmul"]
+    # the model bench's instance has these classes, and the block's projections are at its shapes
+    from aicg.matrix.space import Epilogue
+    wanted = {e.name for e in epilogues(*classes)}
+    planned = {Epilogue(**e).name for e, _ in bench.matmul_classes(128)}
+    assert wanted <= planned
+    hidden = bench.BLOCKS[name][1]().hidden
+    assert all(any(n == hidden or k == hidden for _, n, k in shapes) for e, shapes in bench.matmul_classes(128)
+               if Epilogue(**e).name in wanted)
 
 
 def test_an_epilogue_the_instance_has_no_class_for_is_declined_naming_what_it_has(torch, tmp_path, bench_module):

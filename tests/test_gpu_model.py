@@ -48,9 +48,10 @@ shapes = [[{BATCH * 12 * SEQ}, {SEQ}]]
 
 
 @pytest.fixture(scope="module")
-def instance(tmp_path_factory, device_target):
+def instance(tmp_path_factory, device_target, bench_module):
     import aicg
-    project = make_project(tmp_path_factory.mktemp("gpu_model"), PROFILE)
+    project = make_project(tmp_path_factory.mktemp("gpu_model"),
+                           PROFILE + bench_module("model_bench").matmul_entries(ROWS))
     run = doit(project, "build", "profile=rulesets/profiles/small.toml", "target=auto")
     assert run.code == 0, run.output
     return aicg.load(instance_dir(project, device_target.target))
@@ -74,9 +75,11 @@ def test_a_block_through_the_backend_is_within_the_instances_tolerance_of_float6
     backend = aicg.backend(instance)
     with torch.no_grad():
         found, eager = torch.compile(block, backend=backend)(x), block(x)
-    assert backend.counts() == bench.EXPECTED_REPLACEMENTS[name], backend.report()
+    expected = {**bench.EXPECTED_REPLACEMENTS[name], "matmul": bench.EXPECTED_MATMUL[name]}
+    assert backend.counts() == expected, backend.report()
     for op in bench.EXPECTED_REPLACEMENTS[name]:   # the instance's own kernels ran there
         assert instance.ops[op].chosen, f"no {op} kernel ran"
+    assert instance.matmul.chosen, "no matrix kernel ran"
     error, eager_error = bench.relative_error(found, reference), bench.relative_error(eager, reference)
     assert error <= bfloat16_rtol(instance), (error, eager_error)
     assert error <= 2 * eager_error, f"{error:.3g} against PyTorch's own bfloat16 {eager_error:.3g}"

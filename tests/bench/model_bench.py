@@ -149,6 +149,32 @@ BLOCKS = {"llama": (LlamaBlock, LlamaConfig), "gpt2": (GPT2Block, GPT2Config)}
 # residual stream, used again, and the kernel does not return it); GPT-2's two LayerNorms and
 # its attention's softmax (GELU follows a biased projection, not a bias add with a residual).
 EXPECTED_REPLACEMENTS = {"llama": {"rmsnorm": 2}, "gpt2": {"layernorm": 2, "softmax": 1}}
+# And, with an instance that has the matrix classes of matmul_entries, every projection with its
+# epilogue onto inst.matmul: Llama's seven (q, k, v, up plain; gate with its SiLU; o and down
+# with the residual added), GPT-2's four (qkv with its bias; both output projections with bias and
+# residual; the MLP's first with bias and GELU).
+EXPECTED_MATMUL = {"llama": 7, "gpt2": 4}
+
+
+def matmul_classes(rows: int) -> list[tuple[dict, list[tuple[int, int, int]]]]:
+    """(epilogue, [M, N, K] shapes) of the blocks' projections at `rows` tokens."""
+    L, G = LlamaConfig, GPT2Config
+    kv = L.hidden // L.heads * L.kv_heads
+    return [({}, [(rows, L.hidden, L.hidden), (rows, kv, L.hidden), (rows, L.intermediate, L.hidden)]),
+            ({"activation": "silu"}, [(rows, L.intermediate, L.hidden)]),
+            ({"residual": True}, [(rows, L.hidden, L.hidden), (rows, L.hidden, L.intermediate)]),
+            ({"bias": True}, [(rows, 3 * G.hidden, G.hidden)]),
+            ({"bias": True, "residual": True}, [(rows, G.hidden, G.hidden), (rows, G.hidden, 4 * G.hidden)]),
+            ({"bias": True, "activation": "gelu_erf"}, [(rows, 4 * G.hidden, G.hidden)])]
+
+
+def matmul_entries(rows: int) -> str:
+    """The profile's [[matmul]] entries for matmul_classes, bfloat16, F.linear's layouts."""
+    def toml(epilogue: dict) -> str:
+        parts = [f'{k} = {"true" if v is True else json.dumps(v)}' for k, v in epilogue.items()]
+        return f"epilogue = {{ {', '.join(parts)} }}\n" if parts else ""
+    return "".join(f'\n[[matmul]]\ndtypes = ["bfloat16"]\n{toml(e)}shapes = {json.dumps([list(s) for s in shapes])}\n'
+                   for e, shapes in matmul_classes(rows))
 
 
 def make_block(name: str, device, dtype=torch.bfloat16, seed: int = 0) -> nn.Module:
@@ -211,7 +237,8 @@ VARIANTS = ("eager", "inductor", "inductor-max-autotune", "aicg", "aicg-max-auto
 
 
 def profile_text(batch: int, seq: int) -> str:
-    """An instance with every operator in bfloat16 at the blocks' row shapes."""
+    """An instance with every operator in bfloat16 at the blocks' row shapes, and the matrix classes
+    of their projections."""
     rows = batch * seq
     return (f'[instance]\nname = "model-bench"\ntarget = "nvidia-h200"\npreservation = "tolerance"\n\n'
             f"[plan]\ncandidates_per_family = 2\n\n[validation]\ntiming_repetitions = 5\n\n"
@@ -220,7 +247,7 @@ def profile_text(batch: int, seq: int) -> str:
             f'[[workload]]\nops = ["layernorm", "bias_gelu_residual"]\ndtypes = ["bfloat16"]\n'
             f"shapes = [[{rows}, {GPT2Config.hidden}]]\n\n"
             f'[[workload]]\nops = ["softmax", "log_softmax"]\ndtypes = ["bfloat16"]\n'
-            f"shapes = [[{batch * GPT2Config.heads * seq}, {seq}]]\n")
+            f"shapes = [[{batch * GPT2Config.heads * seq}, {seq}]]\n" + matmul_entries(rows))
 
 
 def build_instance(work: Path, batch: int, seq: int) -> Path:
