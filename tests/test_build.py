@@ -1,13 +1,18 @@
 """The build's promises, each checked by counting what a rebuild runs."""
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
-from aicg import cas, digest
+from aicg import build_lock, cas, digest
 from aicg.config import StoreConfig
 from aicg.store import LayeredStore
 from aicg.runtime import driver
@@ -276,3 +281,24 @@ def test_the_summary_shows_a_missing_ptxas_report_as_unknown():
     assert row[5] == "?" and row[7] == "?"
     kernel["resources"].update(reported=True, registers=40)
     assert summary.rows({"kernels": {"softmax.float32": kernel}, "unavailable": {}})[0][5] == "40"
+
+
+def test_a_second_build_of_the_same_instance_waits_for_the_first(built):
+    """While one process holds the instance's build lock, a build of it in the same directory says
+    so and waits; once the lock is free it goes on and finds nothing to do."""
+    path = build_lock.path_for(built / "build", "small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AICG_")}, "AICG_CACHE_DIR": str(built / "cache")}
+    with open(path, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.truncate(0)
+        held.write("4242")
+        held.flush()
+        waiting = subprocess.Popen([sys.executable, "-m", "doit", "build", PROFILE], cwd=built, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(3)
+        assert waiting.poll() is None          # still waiting for the lock
+    out, _ = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, out
+    assert "another build of small is running in this directory (process 4242); waiting" in out
+    assert "nothing to do" in out and path.read_text() == ""   # released, empty of any process

@@ -17,7 +17,7 @@ from doit import get_var
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
-from .. import cas, cli_graph, cli_layout, cli_progress, cli_vars
+from .. import build_lock, cas, cli_graph, cli_layout, cli_progress, cli_vars
 from ..errors import CompileError, DeviceError, InputChanged, InputError
 from . import record_task, step as steps, summary
 
@@ -206,7 +206,14 @@ class BuildReporter(ConsoleReporter):
         self.bar = cli_progress.Bar(0, "aicg", stream=outstream)
 
     def initialize(self, tasks, selected_tasks):
+        instance = _loaded.get("instance")
+        if instance is not None:   # before any step is checked or run: one build of it at a time here
+            build_lock.hold(instance.env.instance_dir.parent, instance.name, self._say_now)
         self.bar = cli_progress.Bar(len(_to_process(tasks, selected_tasks)), "aicg", stream=self.outstream)
+
+    def _say_now(self, text: str) -> None:
+        self.write(text)
+        self.outstream.flush()
 
     def execute_task(self, task):
         if not task.actions or task.name in REPORTS:
@@ -258,6 +265,12 @@ class BuildReporter(ConsoleReporter):
         self.write(f"FAILED {result['task'].name}: {result['exception'].get_msg().strip()}\n")
 
     def complete_run(self):
+        try:
+            self._complete_run()
+        finally:
+            build_lock.release()   # after the summary and provenance: the next build here may start
+
+    def _complete_run(self):
         self.bar.close()
         if self.runtime_errors:
             self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
