@@ -63,28 +63,20 @@ def test_read_mode_never_writes_to_the_remote(tmp_path, nginx):
     assert not nginx.files.exists() or not any(nginx.files.rglob("*"))
 
 
-def _local_seconds(tmp_path) -> float:
-    start = time.monotonic()
-    build(make_project(tmp_path / "local"))
-    return time.monotonic() - start
-
-
 @pytest.mark.parametrize("fault", ["down", "slow"])
-def test_a_dead_or_silent_remote_costs_one_warning_and_no_time(tmp_path, fault):
-    local = _local_seconds(tmp_path)
+def test_a_dead_or_silent_remote_costs_one_warning_and_one_request(tmp_path, fault):
     server = Silent() if fault == "slow" else None
     url = server.url if server else f"http://127.0.0.1:{free_port()}/aicg"
     try:
-        start = time.monotonic()
         run = build(make_project(tmp_path / "p"), writer(url, AICG_REMOTE_TIMEOUT="0.5"))
-        elapsed = time.monotonic() - start
     finally:
         if server:
             server.stop()
+    assert run.code == 0 and run.compilations == SMALL_PROFILE_COMPILATIONS
     assert run.output.count("remote store") == 1 and "unavailable" in run.output
-    # One timeout at most, then local speed; a timeout per request would cost the dozens of steps
-    # 0.5 s each. The margin is the noise of two builds on a 2-core machine (2.6 s seen once).
-    assert elapsed < local + 3.0, (elapsed, local)
+    # The first request that times out marks the remote unavailable for the build: no step after
+    # it waits on the remote again (a timeout per request would cost the dozens of steps 0.5 s each).
+    assert server is None or len(server.held) == 1, len(server.held)
 
 
 def test_a_trickling_remote_holds_a_build_no_longer_than_its_timeout(tmp_path):
