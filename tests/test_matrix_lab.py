@@ -141,3 +141,19 @@ def test_doit_primitives_family_must_be_rows_matrix_or_all(tmp_path):
         probe_tasks.run_lab("tensor", tmp_path, tmp_path, tmp_path)
     assert set(probe_tasks.FAMILIES) == {"all", "rows", "matrix"}
     assert json.dumps(probe_tasks.FAMILIES["all"]) == '["rows", "matrix"]'
+
+
+def test_one_budget_covers_both_labs(monkeypatch, tmp_path):
+    given = {}
+    monkeypatch.setattr(probe_tasks, "run_primitives", lambda *a: given.setdefault("rows", a[3]) and {"profile": "r"})
+    monkeypatch.setattr(probe_tasks, "run_matrix_lab", lambda *a: given.setdefault("matrix", a[2]) and
+                        {"matrix_profile": "m"})
+    assert probe_tasks.run_lab(None, tmp_path, tmp_path, tmp_path, "100") == {"profile": "r", "matrix_profile": "m"}
+    # the row lab's share first; the matrix lab what is left when it is done (here: at once)
+    assert float(given["rows"]) == pytest.approx(100 * probe_tasks.ROWS_SHARE) and 90 < float(given["matrix"]) <= 100
+    given.clear()
+    probe_tasks.run_lab("matrix", tmp_path, tmp_path, tmp_path, "100")
+    assert given == {"matrix": "100"}
+    given.clear()
+    probe_tasks.run_lab("rows", tmp_path, tmp_path, tmp_path, None)
+    assert given == {"rows": None}

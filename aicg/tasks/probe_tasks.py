@@ -288,22 +288,30 @@ def run_matrix_lab(hwdb_dir: Path, kernels_dir: Path, budget_text: str | None = 
 
 
 FAMILIES = {"all": ("rows", "matrix"), "rows": ("rows",), "matrix": ("matrix",)}
+# Of a budget both labs share, the row lab's part (it has the more realisations); the matrix lab
+# has what is left when the row lab is done.
+ROWS_SHARE = 0.7
 
 
 def run_lab(family_text: str | None, hwdb_dir: Path, rules_dir: Path, kernels_dir: Path,
             budget_text: str | None = None, own_hwdb: Path | None = None) -> dict:
-    """`doit primitives`: the row primitives' lab, then the matrix family's (family= picks one), each
-    within `budget` seconds of its own."""
+    """`doit primitives`: the row primitives' lab, then the matrix family's (family= picks one),
+    within `budget` seconds in all."""
+    started = time.monotonic()
     family = family_text or "all"
     if family not in FAMILIES:
         raise InputError("doit primitives", "family", "rows, matrix or all", family)
+    seconds = parse_budget(budget_text)
+    both = len(FAMILIES[family]) == 2
     done = {}
     if "rows" in FAMILIES[family]:
-        done = run_primitives(hwdb_dir, rules_dir, kernels_dir, budget_text, own_hwdb)
+        share = None if seconds is None else seconds * (ROWS_SHARE if both else 1.0)
+        done = run_primitives(hwdb_dir, rules_dir, kernels_dir, None if share is None else f"{share:g}", own_hwdb)
         if isinstance(done, TaskFailed):
             return done
     if "matrix" in FAMILIES[family]:
-        matrix = run_matrix_lab(hwdb_dir, kernels_dir, budget_text, own_hwdb)
+        left = None if seconds is None else max(1.0, seconds - (time.monotonic() - started))
+        matrix = run_matrix_lab(hwdb_dir, kernels_dir, None if left is None else f"{left:g}", own_hwdb)
         if isinstance(matrix, TaskFailed):
             return matrix
         done = {**done, **matrix}
@@ -313,7 +321,7 @@ def run_lab(family_text: str | None, hwdb_dir: Path, rules_dir: Path, kernels_di
 def task_primitives():
     """measure the row primitives' and the matrix family's realisations on this node's GPU into
     hwdb/<gpu>.realisation.json and hwdb/<gpu>.matrix.json (family=rows|matrix: one of them;
-    budget=<seconds>: each within that wall-clock time, the most urgent first; again: what is left)"""
+    budget=<seconds>: within that wall-clock time in all, the most urgent first; again: what is left)"""
     layout = cli_layout.resolve(Path.cwd())   # outside a checkout: the shipped files, written to ./hwdb
     return {"actions": [(run_lab, [get_var("family"), layout.hwdb, layout.rules, layout.kernels, get_var("budget"),
                                    layout.own_hwdb])],
