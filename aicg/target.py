@@ -160,9 +160,10 @@ def snapshot_profile(profile_path: Path, prof) -> bytes:
 
 
 def notes(hardware: hw.Hardware, has_realisation: bool, prior: str, hwdb_dir: Path,
-          has_matrix_profile: bool | None = None) -> list[str]:
+          has_matrix_profile: bool | str | None = None) -> list[str]:
     """What the target's entry lacks for planning, what the build uses instead, and what would add it
-    (has_matrix_profile: None where the profile has no matrix multiplies)."""
+    (has_matrix_profile: None where the profile has no matrix multiplies; the file's name where the
+    matrix plan borrows another GPU's profile)."""
     found = []
     if not any(f.source == "measured" for f in hardware.facts.values()):
         found.append(f"{hwdb_dir}/{hardware.target}.toml has no measured section: plans read its datasheet facts "
@@ -173,9 +174,12 @@ def notes(hardware: hw.Hardware, has_realisation: bool, prior: str, hwdb_dir: Pa
                      f"candidates are ranked by the structural cost model alone; `doit primitives` on the GPU "
                      f"({hardware.name}) times every realisation of the row primitives, and plans are then calibrated "
                      f"by those timings")
+    measure = (f"`doit primitives family=matrix` on the GPU ({hardware.name}) times the ones the space tries, and "
+               f"the matrix plan is then calibrated by those timings")
     if has_matrix_profile is False:
         found.append(f"{hardware.target} has no matrix profile ({hwdb_dir}/{hardware.target}.matrix.json): matrix "
-                     f"realisations are ranked by the structural cost model alone; `doit primitives family=matrix` "
-                     f"on the GPU ({hardware.name}) times the ones the space tries, and the matrix plan is then "
-                     f"calibrated by those timings")
+                     f"realisations are ranked by the structural cost model alone; {measure}")
+    elif isinstance(has_matrix_profile, str):
+        found.append(f"{hardware.target} has no matrix profile of its own: the matrix plan is calibrated by "
+                     f"{has_matrix_profile}, measured on a GPU of the same compute capability and SM count; {measure}")
     return found

@@ -237,3 +237,41 @@ def test_bench_runs_become_records_of_validated_times_only(tmp_path):
     assert matmul_profile.main([str(tmp_path / "2026-12-05-a.json"), str(tmp_path / "2026-12-06-b.json"),
                                 "--out", str(out), "--driver", "580"]) == 0
     assert calibration.load(out).records == tuple(records)
+
+
+# --- a GPU with none of its own -------------------------------------------------------------------
+
+def test_a_gpu_without_a_profile_borrows_one_of_the_same_compute_capability_and_sm_count(tmp_path):
+    import shutil
+    hwdb = tmp_path / "hwdb"
+    shutil.copytree(REPO / "hwdb", hwdb)
+    h200, a100 = hw.load_target(hwdb, "nvidia-h200"), hw.load_target(hwdb, "a100-sxm4-80gb")
+    found = calibration.for_target(hwdb, h200)
+    assert found.borrowed and found.measured_on.target == "h100-sxm"
+    assert "borrowed: nvidia-h200 has none of its own" in found.source("nvidia-h200")
+    assert calibration.for_target(hwdb, a100) is None           # compute capability 8.0: nothing of its kind
+    own = calibration.for_target(hwdb, H100)
+    assert not own.borrowed and own.profile.path.name == "h100-sxm.matrix.json"
+    shutil.copy(hwdb / "h100-sxm.matrix.json", hwdb / "nvidia-h200.matrix.json")
+    assert not calibration.for_target(hwdb, h200).borrowed      # its own, once it has one
+
+
+def test_a_build_for_the_h200_plans_on_the_h100s_profile_read_with_the_h100s_facts(tmp_path):
+    from doit_project import doit, make_project
+    project = make_project(tmp_path / "p")
+    run = doit(project, "plan:matmul", "profile=rulesets/profiles/matmul.toml", "target=nvidia-h200")
+    assert run.code == 0, run.output
+    assert "nvidia-h200 has no matrix profile of its own: the matrix plan is calibrated by h100-sxm.matrix.json" \
+        in run.output
+    planned = json.loads(next((project / "build").glob("*/plan/matmul.json")).read_text())
+    assert "borrowed: nvidia-h200 has none of its own, and h100-sxm has" in planned["calibration"]
+    # the same realisations ranked as on the H100, each at the H200's own model times the H100's ratio
+    h200_values = prior.values(prior.inputs(hw.load_target(REPO / "hwdb", "nvidia-h200")))
+    fit = calibration.Calibration(calibration.load(REPO / "hwdb/h100-sxm.matrix.json"), model)
+    for cls in planned["classes"]:
+        for cand in cls["candidates"][:2]:
+            real = calibration.Realisation.from_dict(cand["realisation"])
+            i = next(i for i, t in enumerate(cand["predicted_seconds"]) if t is not None)
+            problem = Problem(*cls["shapes"][i], real.dtype, real.a_major, real.b_major, real.epilogue)
+            alone = prior.predict_seconds(real, problem, h200_values)
+            assert cand["predicted_seconds"][i] == pytest.approx(fit.cautious_seconds(real, problem, alone))

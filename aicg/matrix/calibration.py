@@ -22,6 +22,11 @@ their shapes are (_shape_weight) and shrunk a little (OWN_SHRINK): what it
 measured at a shape is what it will measure there. A template the profile has no record of borrows the mean log
 ratio of all the records: the model's overall error on this GPU, so that its
 predictions stand beside the calibrated templates' on the same footing.
+
+A GPU with no matrix profile of its own borrows that of a GPU of the same
+compute capability and SM count (for_target): the same SMs run the same
+schedules, stores and clusters alike, and the model, read with each GPU's own
+facts (memory bandwidth, clocks), carries what differs between them.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import measurements
+from .. import hw, measurements
 from ..errors import InputError
 from . import space
 from .problem import Problem
@@ -94,6 +99,39 @@ def load(path: Path) -> Profile | None:
 
 def save(path: Path, provenance: dict, records: list[dict]) -> None:
     measurements.save(path, provenance, records)
+
+
+@dataclass(frozen=True)
+class Found:
+    """The matrix profile a target is planned with, and the hwdb entry it was measured on."""
+    profile: Profile
+    measured_on: hw.Hardware
+    borrowed: bool
+
+    def source(self, target: str) -> str:
+        if not self.borrowed:
+            return self.profile.source()
+        kin = self.measured_on
+        return (f"{self.profile.source()}, borrowed: {target} has none of its own, and {kin.target} has its compute "
+                f"capability {'.'.join(map(str, kin.compute_capability))} and {kin.fact('sm_count')} SMs")
+
+
+def for_target(hwdb_dir: Path, hardware: hw.Hardware) -> Found | None:
+    """The target's own matrix profile, else that of the first hwdb entry (by name) of the same
+    compute capability and SM count that has one, else None."""
+    own = load(path_for(hwdb_dir, hardware.target))
+    if own is not None:
+        return Found(own, hardware, False)
+    for path in sorted(Path(hwdb_dir).glob("*.matrix.json")):
+        target = path.name.removesuffix(".matrix.json")
+        try:
+            kin = hw.load_target(Path(hwdb_dir), target)
+        except (InputError, OSError):
+            continue   # a profile whose entry is missing or malformed lends nothing
+        if tuple(kin.compute_capability) == tuple(hardware.compute_capability) and \
+                kin.fact("sm_count") == hardware.fact("sm_count"):
+            return Found(load(path), kin, True)
+    return None
 
 
 def _shape_weight(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:

@@ -71,7 +71,7 @@ class MatrixBuild:
     inputs: dict[str, PlanInput]  # the prior's inputs, with where each came from
     limits: GpuLimits
     arch: str
-    measured: calibration.Profile | None = None   # the target's matrix profile, calibrating the prior
+    measured: calibration.Found | None = None   # the matrix profile calibrating the prior, and its GPU
 
     @property
     def ruleset(self):
@@ -90,8 +90,11 @@ def load(rules_dir: Path, base_rules, prof, hardware: hw.Hardware, hwdb_dir: Pat
     inputs = prior.inputs(hardware)
     values = prior.values(inputs)
     limits = GpuLimits.of_hardware(hardware)
-    profile = calibration.load(calibration.path_for(hwdb_dir, hardware.target))
-    measured = calibration.Calibration(profile, lambda r, p: prior.predict_seconds(r, p, values)) if profile else None
+    found = calibration.for_target(hwdb_dir, hardware)
+    measured = None
+    if found is not None:   # its ratios are of the model read with the facts of the GPU it measured
+        measured_values = prior.values(prior.inputs(found.measured_on)) if found.borrowed else values
+        measured = calibration.Calibration(found.profile, lambda r, p: prior.predict_seconds(r, p, measured_values))
     legalities, plans = {}, []
     for cls in prof.matmul:
         decided = semantics.decide(sem, cls.dtype, cls.epilogue, prof.preservation, prof.choice)
@@ -100,7 +103,7 @@ def load(rules_dir: Path, base_rules, prof, hardware: hw.Hardware, hwdb_dir: Pat
                                             prof.preservation.tolerance[cls.dtype][0], prof.candidates_per_family,
                                             measured))
     arch = build.RULES["mma"].arch(tuple(hardware.compute_capability))
-    return MatrixBuild(sem, tuple(prof.matmul), legalities, plans, inputs, limits, arch, profile)
+    return MatrixBuild(sem, tuple(prof.matmul), legalities, plans, inputs, limits, arch, found)
 
 
 def _legality_step(m: MatrixBuild, prof) -> Step:
@@ -132,10 +135,13 @@ def _plan_step(m: MatrixBuild, prof) -> Step:
              "space": {t: template_record(t) for t in templates}, "classes": [c.as_record() for c in m.classes],
              "tolerance": {c.dtype: list(prof.preservation.tolerance[c.dtype]) for c in m.classes},
              "per_family": prof.candidates_per_family,
-             "matrix_profile": m.measured.digest if m.measured else None}
+             "matrix_profile": None if m.measured is None else {
+                 "digest": m.measured.profile.digest, "measured_on": m.measured.measured_on.target,
+                 "inputs": {n: i.as_record() for n, i in prior.inputs(m.measured.measured_on).items()}}}
     record = {"op": OP, "classes": [p.as_record() for p in m.plans],
               "inputs": {name: i.as_record() for name, i in m.inputs.items()},
-              "calibration": m.measured.source() if m.measured else "none: the model alone (no matrix profile)"}
+              "calibration": m.measured.source(prof.target) if m.measured else
+              "none: the model alone (no matrix profile)"}
     out = f"plan/{OP}.json"
     return Step(f"plan:{OP}", "enumerate the legal matrix realisations of each class and rank them by the prior",
                 reads, lambda ctx: Result({out: to_json(record)}), PLAN_CODE, upstream=(f"legality:{OP}",),

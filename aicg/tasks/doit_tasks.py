@@ -44,7 +44,10 @@ def _notes(instance, root: Path) -> list[str]:
     from ..primitives import realisation
     layout, prof = instance.layout, instance.profile
     has_realisation = realisation.path_for(layout.hwdb, prof.target).exists()
-    has_matrix = calibration.path_for(layout.hwdb, prof.target).exists() if prof.matmul else None
+    has_matrix = None
+    if prof.matmul:
+        found = calibration.for_target(layout.hwdb, instance.hardware)
+        has_matrix = found.profile.path.name if found and found.borrowed else found is not None
     shown = layout.hwdb.relative_to(root) if layout.hwdb.is_relative_to(root) else layout.hwdb
     return targets.notes(instance.hardware, has_realisation, prof.prior, shown, has_matrix)
 
