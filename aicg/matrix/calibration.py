@@ -19,9 +19,10 @@ at a time, the model alone predicted the held-out times within 0.36 (root mean
 square of the log error), the fit within 0.16 (tests/bench/matmul_plan_accuracy.py).
 A measured realisation adds its own records' residuals, weighted by how near
 their shapes are (_shape_weight) and shrunk a little (OWN_SHRINK): what it
-measured at a shape is what it will measure there. A template the profile has no record of borrows the mean log
-ratio of all the records: the model's overall error on this GPU, so that its
-predictions stand beside the calibrated templates' on the same footing.
+measured at a shape is what it will measure there. A template the profile has
+no record of borrows the mean log ratio of all the records: the model's
+overall error on this GPU, so that its predictions stand beside the calibrated
+templates' on the same footing.
 
 A GPU with no matrix profile of its own borrows that of a GPU of the same
 compute capability and SM count (for_target): the same SMs run the same
