@@ -157,3 +157,12 @@ def test_one_budget_covers_both_labs(monkeypatch, tmp_path):
     given.clear()
     probe_tasks.run_lab("rows", tmp_path, tmp_path, tmp_path, None)
     assert given == {"rows": None}
+
+
+def test_a_run_where_nothing_passes_writes_no_profile(tmp_path):
+    reals = lab.realisations((9, 0), H100)
+    path = tmp_path / "gpu.matrix.json"
+    result = lab.measure(node(), path, KERNELS, None, Runner(fails_tile=[r.name for r in reals]),
+                         say=lambda line: None, compiler=compiler, lab=SMALL)
+    assert result["profile"] is None and result["records"] == 0 and not path.exists()
+    assert set(result["failed"]) == {r.name for r in reals}

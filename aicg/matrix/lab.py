@@ -194,7 +194,7 @@ def measure(node: Node, path: Path, kernels_dir: Path, budget_seconds: float | N
             left = todo[i:]
             break
         if (problem.m, problem.n, problem.k, problem.epilogue) != shape:
-            if shape is not None:
+            if shape is not None and records:   # a profile of no record is no profile: nothing is written
                 _save(path, node, headers, lab, records, before, len(todo) - i)
             shape = (problem.m, problem.n, problem.k, problem.epilogue)
         if real.name in failed:
