@@ -58,16 +58,11 @@ def check(pattern: Pattern, match: Match, root: torch.fx.Node, kernels_by_op: di
         return Verdict("operator", f"this instance has no {op.name} kernels (it has: "
                                    f"{', '.join(sorted(kernels_by_op)) or 'none'})")
     names = ("x", *op.matrices, *op.vectors)
-    tensors = {}
-    for name in names:
-        value = example(match.captures[name])
-        if not isinstance(value, torch.Tensor):
-            return Verdict("shape", f"{name}: the kernel takes a tensor, the graph passes {match.captures[name]!r}")
-        tensors[name] = value
+    tensors, verdict = _tensors(match, names)
+    if verdict:
+        return verdict
     x = tensors["x"]
     dtype = _dtype_name(x.dtype)
-    if x.device.type not in DEVICES:
-        return Verdict("device", f"x is on {x.device}; the kernels run on CUDA devices", dtype)
     have = kernels_by_op[op.name].entries
     if dtype not in have:
         return Verdict("dtype", f"x is {dtype}; this instance has {op.name} in {', '.join(sorted(have))}", dtype)
@@ -95,18 +90,42 @@ def check(pattern: Pattern, match: Match, root: torch.fx.Node, kernels_by_op: di
         value = match.captures[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return Verdict("scalar", f"{name}: the kernel takes a number, the graph passes {value!r}", dtype)
-    inside = set(match.nodes)
-    for node in match.nodes[1:]:
-        others = [user.name for user in node.users if user not in inside]
-        if others:
-            return Verdict("users", f"{spellings.describe(node)} is used by {', '.join(others)} as well, and the "
-                                    f"kernel does not return it", dtype)
+    used = _used_outside(match, spellings, dtype)
+    if used:
+        return used
     for rule in pattern.rules:
         why_not = rules.why_not(rule, op.name, dtype)
         if why_not:
             return Verdict("legality", f"{rule} is not legal for {op.name} in {dtype} at preservation "
                                        f"{rules.preset!r} ({pattern.why}): {why_not}", dtype)
     return verdict
+
+
+def _tensors(match: Match, names) -> tuple[dict, Verdict | None]:
+    """The example tensors of the captures `names` (x first), or the verdict on the first that is
+    not a tensor, or on x where it is not on a device the kernels run on."""
+    tensors = {}
+    for name in names:
+        value = example(match.captures[name])
+        if not isinstance(value, torch.Tensor):
+            return tensors, Verdict("shape", f"{name}: the kernel takes a tensor, the graph passes "
+                                             f"{match.captures[name]!r}")
+        tensors[name] = value
+    x = tensors["x"]
+    if x.device.type not in DEVICES:
+        return tensors, Verdict("device", f"x is on {x.device}; the kernels run on CUDA devices", _dtype_name(x.dtype))
+    return tensors, None
+
+
+def _used_outside(match: Match, spellings: Spellings, dtype: str) -> Verdict | None:
+    """Nothing the pattern matched inside may be needed elsewhere: the kernel returns only its result."""
+    inside = set(match.nodes)
+    for node in match.nodes[1:]:
+        others = [user.name for user in node.users if user not in inside]
+        if others:
+            return Verdict("users", f"{spellings.describe(node)} is used by {', '.join(others)} as well, and the "
+                                    f"kernel does not return it", dtype)
+    return None
 
 
 def _rows(shape: tuple) -> int:
@@ -163,16 +182,11 @@ def check_matrix(pattern: Pattern, match: Match, root: torch.fx.Node, matrix, sp
     names = ("x", "w", *(("b",) if has_bias else ()), *(("r",) if has_residual else ()))
     if has_bias and match.captures["b"] is None:   # F.linear(x, w, None): the pattern without a bias is that one
         return Verdict("structure", "the graph passes no bias")
-    tensors = {}
-    for name in names:
-        value = example(match.captures[name])
-        if not isinstance(value, torch.Tensor):
-            return Verdict("shape", f"{name}: the kernel takes a tensor, the graph passes {match.captures[name]!r}")
-        tensors[name] = value
+    tensors, verdict = _tensors(match, names)
+    if verdict:
+        return verdict
     x, w = tensors["x"], tensors["w"]
     dtype = _dtype_name(x.dtype)
-    if x.device.type not in DEVICES:
-        return Verdict("device", f"x is on {x.device}; the kernels run on CUDA devices", dtype)
     for name, t in tensors.items():
         if t.dtype != x.dtype or t.device != x.device:
             return Verdict("dtype", f"{name} is {_dtype_name(t.dtype)} on {t.device}; the kernel takes x's {dtype} on "
@@ -198,13 +212,7 @@ def check_matrix(pattern: Pattern, match: Match, root: torch.fx.Node, matrix, sp
         return Verdict("operator", f"this instance has no matrix kernels for {dtype}, layouts (A, B) k{w_major}, "
                                    f"epilogue {epilogue.name} (it has {have}): add that [[matmul]] class to its profile",
                        dtype)
-    inside = set(match.nodes)
-    for node in match.nodes[1:]:
-        others = [user.name for user in node.users if user not in inside]
-        if others:
-            return Verdict("users", f"{spellings.describe(node)} is used by {', '.join(others)} as well, and the "
-                                    f"kernel does not return it", dtype)
-    return Verdict(None, dtype=dtype)
+    return _used_outside(match, spellings, dtype) or Verdict(None, dtype=dtype)
 
 
 def _matrix_layout(tensors: dict) -> tuple[str, str | None]:

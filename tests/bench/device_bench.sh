@@ -17,17 +17,9 @@
 # logs.tgz (every log, refreshed after each step), no more than six files, so that a node that
 # returns few files returns them all. Carried wheels in .whl/ are installed first.
 set -uo pipefail
-OUT=${OUT:-device-out}; mkdir -p "$OUT"
-LOGS=$(mktemp -d)
-keep_logs() { tar czf "$OUT/logs.tgz" -C "$LOGS" .; }
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
+. "$(dirname "$0")/device_env.sh"
 PROFILES=${PROFILES:-rulesets/profiles/default.toml}
 TARGET=${TARGET-auto}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOGS/gpu.txt"
-python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$LOGS/gpu.txt"
 if [ -n "${PHASES:-}" ]; then
   timeout "${PHASES_SECONDS:-120}" python3 tests/bench/phases.py --shape "${PHASES_SHAPE:-1x4096}" $PHASES 2>&1 | tee "$LOGS/phases.log"
   keep_logs

@@ -11,14 +11,7 @@
 # Results go to $OUT (or ./device-out): the matrix profile, the bench JSON, the build's manifest and
 # report, and logs.tgz (every log, refreshed after each step). Carried wheels in .whl/ are installed first.
 set -uo pipefail
-OUT=${OUT:-device-out}; mkdir -p "$OUT"
-LOGS=$(mktemp -d)
-keep_logs() { tar czf "$OUT/logs.tgz" -C "$LOGS" .; }
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOGS/gpu.txt"
+. "$(dirname "$0")/device_env.sh"
 entry=$(python3 -c "from aicg import target as t; print(t.resolve('auto', 'hwdb', t.present_device()))") || exit 1
 echo "hwdb entry: $entry" | tee -a "$LOGS/gpu.txt"
 

@@ -1,0 +1,12 @@
+# Sourced by the GPU node's scripts (device_bench.sh, device_matrix.sh): $OUT for what comes back,
+# $LOGS and keep_logs (every log into $OUT/logs.tgz), the carried wheels in .whl/ installed, the
+# checkout on PYTHONPATH, and the GPU and versions into $LOGS/gpu.txt.
+OUT=${OUT:-device-out}; mkdir -p "$OUT"
+LOGS=$(mktemp -d)
+keep_logs() { tar czf "$OUT/logs.tgz" -C "$LOGS" .; }
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOGS/gpu.txt"
+python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$LOGS/gpu.txt"
