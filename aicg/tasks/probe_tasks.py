@@ -319,9 +319,10 @@ def run_lab(family_text: str | None, hwdb_dir: Path, rules_dir: Path, kernels_di
 
 
 def task_primitives():
-    """measure the row primitives' and the matrix family's realisations on this node's GPU into
-    hwdb/<gpu>.realisation.json and hwdb/<gpu>.matrix.json (family=rows|matrix: one of them;
-    budget=<seconds>: within that wall-clock time in all, the most urgent first; again: what is left)"""
+    """measure this node's GPU for the planner: hwdb/<gpu>.realisation.json (rows), .matrix.json (matrix)
+
+    family=rows|matrix: one of them; budget=<seconds>: within that wall-clock time in all, the most
+    urgent first; again: what is left."""
     layout = cli_layout.resolve(Path.cwd())   # outside a checkout: the shipped files, written to ./hwdb
     return {"actions": [(run_lab, [get_var("family"), layout.hwdb, layout.rules, layout.kernels, get_var("budget"),
                                    layout.own_hwdb])],
