@@ -166,3 +166,17 @@ def test_a_run_where_nothing_passes_writes_no_profile(tmp_path):
                          say=lambda line: None, compiler=compiler, lab=SMALL)
     assert result["profile"] is None and result["records"] == 0 and not path.exists()
     assert set(result["failed"]) == {r.name for r, _ in lab.cases(reals, SMALL)}   # each one measured would be
+
+
+def test_a_gpu_no_matrix_template_runs_on_has_nothing_to_measure_and_that_is_no_failure(monkeypatch, tmp_path):
+    class Turing:
+        name, compute_capability, driver_version = "A GPU", (7, 5), "580"
+
+        @staticmethod
+        def clocks():
+            return "sm 1590 MHz"
+    from aicg.matrix import device
+    monkeypatch.setattr(probe_tasks, "_gpu", lambda: Turing)
+    monkeypatch.setattr(device, "limits", lambda hwdb_dir: (replace(A100, compute_capability=(7, 5)), None))
+    assert lab.realisations((7, 5), replace(A100, compute_capability=(7, 5))) == []
+    assert probe_tasks.run_matrix_lab(tmp_path, KERNELS) == {"matrix_profile": None}

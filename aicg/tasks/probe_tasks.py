@@ -277,6 +277,10 @@ def run_matrix_lab(hwdb_dir: Path, kernels_dir: Path, budget_text: str | None = 
         entry = record.entry_for(hwdb_dir, gpu.name, gpu.compute_capability)
         limits, _ = device.limits(hwdb_dir)
         node = matrix_lab.Node(gpu.name, tuple(gpu.compute_capability), limits, gpu.driver_version, gpu.clocks)
+        if not matrix_lab.realisations(node.compute_capability, limits):
+            _say(f"  matrix: no matrix template runs on {gpu.name} (compute capability "
+                 f"{'.'.join(map(str, gpu.compute_capability))}): nothing to measure")
+            return {"matrix_profile": None}
         result = matrix_lab.measure(node, calibration.path_for(own_hwdb, entry.stem), kernels_dir, seconds,
                                     worker.Runner(), say=_say)
     except (DeviceError, CompileError, InputError, RuntimeError) as err:
