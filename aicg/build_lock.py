@@ -6,10 +6,17 @@ and one build may package what the other was rewriting. So a build holds an excl
 build/.locks/<instance>.lock from when it starts running steps until it is done (release()); a
 second one says whose build it waits for, waits, and then finds the steps done. Where the build
 directory cannot be written or the platform has no flock, there is no lock.
+
+A process forked from a build (doit's -n workers) closes its copy of the descriptor at once, so
+the lock lives and dies with the build's own process, and on Linux it is ended when the build's
+process ends: a build killed mid-way leaves no worker waiting for it forever.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 from pathlib import Path
 
 try:
@@ -45,6 +52,29 @@ def hold(build_dir: Path, instance: str, say) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _held[str(path)] = fd
+
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def _in_forked_child() -> None:
+    """Close the inherited descriptors without unlocking (an unlock would free the parent's lock
+    too: flock belongs to the open file, which they share); on Linux, end with the parent."""
+    while _held:
+        _, fd = _held.popitem()
+        os.close(fd)
+    if sys.platform == "linux":
+        parent = os.getppid()
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:   # the parent was gone before the signal was asked for
+            os._exit(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_in_forked_child)
 
 
 def release() -> None:

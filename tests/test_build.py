@@ -302,3 +302,43 @@ def test_a_second_build_of_the_same_instance_waits_for_the_first(built):
     assert waiting.returncode == 0, out
     assert "another build of small is running in this directory (process 4242); waiting" in out
     assert "nothing to do" in out and path.read_text() == ""   # released, empty of any process
+
+
+def test_a_process_forked_during_a_build_does_not_keep_its_lock(tmp_path):
+    """doit's -n workers are forked while the build holds its lock; one orphaned by a killed build
+    must not hold the next build back."""
+    build_lock.hold(tmp_path, "small", lambda text: None)
+    ready, started = os.pipe()
+    child = os.fork()
+    if child == 0:   # a worker that outlives the build (the fork's hooks have run when it writes)
+        os.write(started, b"1")
+        time.sleep(5)
+        os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"1"
+        build_lock.release()
+        with open(build_lock.path_for(tmp_path, "small"), "a+") as other:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free at once, the child still alive
+        assert os.waitpid(child, os.WNOHANG) == (0, 0)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(ready)
+        os.close(started)
+
+
+def test_a_worker_forked_from_a_killed_build_ends_with_it(tmp_path):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    script = ("import os, sys, time\nimport aicg.build_lock\nchild = os.fork()\n"
+              "if child == 0:\n    time.sleep(60)\n    os._exit(0)\nprint(child, flush=True)\nos._exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    child = int(done.stdout.split()[0])
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child, 9)
+    raise AssertionError(f"the forked worker {child} outlived its build by 5 s")
