@@ -2,7 +2,7 @@
 # One call on a GPU node: optionally re-measure the realisation profile, build
 # instances (validating and timing their candidates), then benchmark them against
 # their peers (tests/bench/test_memory_bound.py).
-#   PRIMITIVES_SECONDS=540   (run `doit primitives` first; the new profile is copied to $OUT, or, if
+#   PRIMITIVES_SECONDS=540   (run `doit primitives family=rows` first; the new profile is copied to $OUT, or, if
 #                             stopped, hwdb/<gpu>.realisation.partial.json: carry it back to resume)
 #   PROFILES="rulesets/profiles/default.toml rulesets/profiles/fused.toml"
 #   TARGET=auto              (each profile built for this GPU's hwdb entry: `doit build target=auto`; or an
@@ -32,7 +32,7 @@ if [ -n "${CHECK:-}" ]; then
   keep_logs
 fi
 if [ "${PRIMITIVES_SECONDS:-0}" -gt 0 ]; then
-  timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives 2>&1 | tee "$LOGS/primitives.log" | tail -45
+  timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives family=rows 2>  timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives 2>&11 | tee "$LOGS/primitives.log" | tail -45
   cp hwdb/*.realisation*.json "$OUT/" 2>/dev/null
   keep_logs
 fi
