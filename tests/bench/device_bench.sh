@@ -32,7 +32,7 @@ if [ -n "${CHECK:-}" ]; then
   keep_logs
 fi
 if [ "${PRIMITIVES_SECONDS:-0}" -gt 0 ]; then
-  timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives family=rows 2>  timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives 2>&11 | tee "$LOGS/primitives.log" | tail -45
+  timeout "$PRIMITIVES_SECONDS" python3 -m doit primitives family=rows 2>&1 | tee "$LOGS/primitives.log" | tail -45
   cp hwdb/*.realisation*.json "$OUT/" 2>/dev/null
   keep_logs
 fi
