@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 
 import pytest
 
-from aicg import cas, record
+from aicg import cas, hw, record
 from aicg.tasks import graph, step
-from doit_project import doit, make_project
+from doit_project import REPO, SMALL_PROFILE, doit, make_project
 
 PROFILE = "profile=rulesets/profiles/small.toml"
-RECORD = "hwdb/nvidia-h200.validations.jsonl"
+# The small profile's target, and the GPU its hwdb entry names: what the record is of.
+TARGET = tomllib.loads(SMALL_PROFILE)["instance"]["target"]
+GPU = hw.load_target(REPO / "hwdb", TARGET).name
+RECORD = f"hwdb/{TARGET}.validations.jsonl"
 
 
 def _validate_as_the_gpu_would(project):
@@ -36,7 +40,7 @@ def recorded(tmp_path):
     shutil.rmtree(gpu / "build")
     run = doit(gpu, "record", PROFILE)
     assert run.code == 0, run.output
-    assert "recorded 6 validations of small on NVIDIA H200" in run.output
+    assert f"recorded 6 validations of small on {GPU}" in run.output
     return gpu, (gpu / "build/small/manifest.json").read_bytes()
 
 
@@ -49,11 +53,11 @@ def _fresh_clone(tmp_path, gpu, name="clone"):
 def test_a_machine_without_a_gpu_builds_the_gpus_instance_from_the_record(tmp_path, recorded):
     gpu, manifest = recorded
     lines = (gpu / RECORD).read_text().splitlines()
-    assert len(lines) == 6 and all(json.loads(line)["gpu"] == "NVIDIA H200" for line in lines)
+    assert len(lines) == 6 and all(json.loads(line)["gpu"] == GPU for line in lines)
     clone = _fresh_clone(tmp_path, gpu)
     run = doit(clone, "build", PROFILE)
     assert run.code == 0, run.output
-    assert "6 validations from the record" in run.output and "validated on NVIDIA H200" in run.output
+    assert "6 validations from the record" in run.output and f"validated on {GPU}" in run.output
     assert "UNVALIDATED" not in run.output
     assert (clone / "build/small/manifest.json").read_bytes() == manifest
 
