@@ -155,11 +155,13 @@ def test_outside_a_checkout_the_shipped_entry_is_copied_to_this_directorys_hwdb_
         hwdb_dir, tmp_path, monkeypatch):
     own = tmp_path / "elsewhere" / "hwdb"
     shipped = (hwdb_dir / "nvidia-h200.toml").read_bytes()
-    path = record.writable_entry(hwdb_dir, own, "NVIDIA H200", (9, 0))
+    entry = hw.load(hwdb_dir / "nvidia-h200.toml")    # the device as its entry names it
+    gpu = (entry.name, tuple(entry.compute_capability))
+    path = record.writable_entry(hwdb_dir, own, *gpu)
     assert path == own / "nvidia-h200.toml" and path.read_bytes() == shipped
     _merge(path, COPY)
     assert (hwdb_dir / "nvidia-h200.toml").read_bytes() == shipped          # the shipped entry untouched
-    assert record.writable_entry(hwdb_dir, own, "NVIDIA H200", (9, 0)) == path
+    assert record.writable_entry(hwdb_dir, own, *gpu) == path
     assert hw.load(path).facts[COPY.name].source == "measured"               # not copied over again
     new = record.writable_entry(hwdb_dir, own, "NVIDIA B200", (10, 0))
     assert new == own / "nvidia-b200.toml" and not new.exists()
