@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import os
 from pathlib import Path, PurePosixPath
 
+from . import cas
 from .errors import InputError
 
 log = logging.getLogger("aicg.trust")
@@ -103,7 +105,6 @@ def signed_by(path: Path, data: bytes, key: bytes) -> bool:
 def read_json_record(path: Path, key: bytes | None) -> dict | None:
     """A JSON record a process wrote for later ones (a JIT's compile or validation), or None where it
     is absent, unreadable, not an object or (with a key) not signed with it."""
-    import json
     try:
         data = path.read_bytes()
         record = json.loads(data)
@@ -117,8 +118,6 @@ def read_json_record(path: Path, key: bytes | None) -> dict | None:
 
 def write_json_record(path: Path, record: dict, key: bytes | None) -> None:
     """`record` written atomically as JSON, signed beside it with `key` where there is one."""
-    import json
-    from . import cas
     data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
     cas.write_atomic(path, data)
     write_signature(path, data, key, cas.write_atomic)

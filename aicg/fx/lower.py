@@ -98,14 +98,7 @@ def _replace(pattern: Pattern, match: Match, root: torch.fx.Node, verdict: contr
             result = graph.call_function(torch.unsqueeze, (call, -1))
             result.meta["example_value"] = result_value
             result.meta["aicg_adapter"] = True   # ours, not an operation the graph had
-    root.replace_all_uses_with(result)
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    replaced = sorted(set(match.nodes), key=order.__getitem__, reverse=True)   # users before what they use
-    for node in replaced:
-        graph.erase_node(node)
-    x = example(match.captures["x"])
-    return Replaced(root_name, pattern.name, op.name, verdict.dtype, tuple(_plain_sizes(x.shape)),
-                    tuple(n.name for n in reversed(replaced)))
+    return _swap(pattern, match, root, root_name, result, verdict, graph)
 
 
 def _replace_matrix(pattern: Pattern, match: Match, root: torch.fx.Node, verdict: contract.Verdict, registered,
@@ -122,12 +115,18 @@ def _replace_matrix(pattern: Pattern, match: Match, root: torch.fx.Node, verdict
                                    {"bias": captures["b"] if has_bias else None,
                                     "residual": captures["r"] if has_residual else None, "activation": activation})
         call.meta["example_value"] = result_value
-    root.replace_all_uses_with(call)
+    return _swap(pattern, match, root, root_name, call, verdict, graph)
+
+
+def _swap(pattern: Pattern, match: Match, root: torch.fx.Node, root_name: str, result: torch.fx.Node,
+          verdict: contract.Verdict, graph: torch.fx.Graph) -> Replaced:
+    """`result` where the graph used `root`, and the matched nodes gone; what was replaced."""
+    root.replace_all_uses_with(result)
     order = {n: i for i, n in enumerate(graph.nodes)}
     replaced = sorted(set(match.nodes), key=order.__getitem__, reverse=True)   # users before what they use
     for node in replaced:
         graph.erase_node(node)
-    x = example(captures["x"])
+    x = example(match.captures["x"])
     return Replaced(root_name, pattern.name, pattern.operator, verdict.dtype, tuple(_plain_sizes(x.shape)),
                     tuple(n.name for n in reversed(replaced)))
 

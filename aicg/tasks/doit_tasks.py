@@ -40,13 +40,12 @@ _loaded: dict = {}
 
 def _notes(instance, root: Path) -> list[str]:
     from .. import target as targets
-    from ..matrix import calibration
     from ..primitives import realisation
     layout, prof = instance.layout, instance.profile
     has_realisation = realisation.path_for(layout.hwdb, prof.target).exists()
     has_matrix = None
-    if prof.matmul:
-        found = calibration.for_target(layout.hwdb, instance.hardware)
+    if instance.matrix is not None:   # the matrix profile its plan was calibrated by, as it loaded
+        found = instance.matrix.measured
         has_matrix = found.profile.path.name if found and found.borrowed else found is not None
     shown = layout.hwdb.relative_to(root) if layout.hwdb.is_relative_to(root) else layout.hwdb
     return targets.notes(instance.hardware, has_realisation, prof.prior, shown, has_matrix)
