@@ -59,14 +59,17 @@ PR_SET_PDEATHSIG = 1   # linux/prctl.h
 
 def _in_forked_child() -> None:
     """Close the inherited descriptors without unlocking (an unlock would free the parent's lock
-    too: flock belongs to the open file, which they share); on Linux, end with the parent."""
+    too: flock belongs to the open file, which they share); on Linux, end with the parent.
+
+    The parent's death is signalled with SIGKILL: a SIGTERM ignored by whatever started the build is
+    ignored by its workers too (the disposition survives fork and exec), and they would linger."""
     while _held:
         _, fd = _held.popitem()
         os.close(fd)
     if sys.platform == "linux":
         parent = os.getppid()
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
             return
         if os.getppid() != parent:   # the parent was gone before the signal was asked for

@@ -6,9 +6,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -330,15 +332,30 @@ def test_a_process_forked_during_a_build_does_not_keep_its_lock(tmp_path):
 def test_a_worker_forked_from_a_killed_build_ends_with_it(tmp_path):
     if not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's")
-    script = ("import os, sys, time\nimport aicg.build_lock\nchild = os.fork()\n"
-              "if child == 0:\n    time.sleep(60)\n    os._exit(0)\nprint(child, flush=True)\nos._exit(0)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    # The worker says it is running (its fork handlers done) before the build dies, so the death
+    # signal is what must end it; its output goes nowhere, so that if it lingers it holds no pipe.
+    script = ("import os, sys, time\nimport aicg.build_lock\nready, say = os.pipe()\nchild = os.fork()\n"
+              "if child == 0:\n    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\n"
+              "    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n    os.write(say, b'r')\n"
+              "    time.sleep(60)\n    os._exit(0)\n"
+              "os.read(ready, 1)\nprint(child, flush=True)\nos._exit(0)\n")
+    # Started with SIGTERM ignored, as a build run under nohup or some CI runners is: the
+    # disposition is inherited, so the worker must be ended by a signal it cannot ignore.
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
+                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
     child = int(done.stdout.split()[0])
     for _ in range(50):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
+        if not _running(child):
             return
         time.sleep(0.1)
     os.kill(child, 9)
     raise AssertionError(f"the forked worker {child} outlived its build by 5 s")
+
+
+def _running(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended but not yet reaped by whoever adopted it, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
