@@ -104,7 +104,7 @@ def test_validation_runs_once_per_gpu_and_a_failed_kernel_is_passed_over(instanc
     made = jit.kernel_for("softmax", "float32", *NEW_SHAPE, validate=failing_first)
     ranked = jit.planning().best_for_shape("softmax", "float32", (jit_mod.rows_class(NEW_SHAPE[0]), NEW_SHAPE[1]))
     assert made.candidate != ranked[0].id and made.validation == "passed"
-    assert calls[0] == (jit_mod.VALIDATION_ROWS, NEW_SHAPE[1])
+    assert calls[0] == jit_mod.validation_shape(ranked[0].params, *NEW_SHAPE)
     n = len(calls)
     later = fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE, validate=failing_first)
     assert later.candidate == made.candidate and len(calls) == n    # outcomes recorded per GPU, not re-run
@@ -233,3 +233,18 @@ def test_the_device_check_of_a_jit_kernel_keeps_to_the_rows_its_order_keeps_the_
     block = dict(thread.params, topology="block", threads=1024)
     instance.softmax._validator("float32")(b"", block, (256, 8))
     assert (9, 4097) in seen["check_shapes"]
+
+
+def test_a_new_shape_is_validated_on_its_whole_rows_and_as_many_rows_as_a_full_and_a_ragged_block_need():
+    block = {"topology": "block", "threads": 1024}
+    assert jit_mod.validation_shape(block, 512, 50257) == (jit_mod.VALIDATION_ELEMENTS // 50257, 50257)
+    assert jit_mod.validation_shape(block, 3, 50257) == (3, 50257)             # never more rows than asked
+    assert jit_mod.validation_shape(block, 1 << 20, 8) == (jit_mod.VALIDATION_ROWS, 8)
+    assert jit_mod.validation_shape(block, 512, 1 << 22) == (2, 1 << 22)       # a full block and a ragged one
+    warps = {"topology": "warp", "threads": 512}                              # 16 rows a block
+    assert jit_mod.validation_shape(warps, 512, 1 << 22) == (17, 1 << 22)
+    rows8 = {"topology": "thread_rows8", "threads": 128}                      # 1024 rows a block
+    assert jit_mod.validation_shape(rows8, 4096, 3) == (1025, 3)
+    for params in (block, warps, {"topology": "cluster4", "threads": 256}, {"topology": "block_prefetch", "threads": 256}):
+        rows, _ = jit_mod.validation_shape(params, 4096, 12288)
+        assert rows * 12288 <= jit_mod.VALIDATION_ELEMENTS

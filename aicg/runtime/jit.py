@@ -39,7 +39,11 @@ from .. import cas, codegen, digest, nvrtc, occupancy, planning, trust
 
 log = logging.getLogger("aicg.jit")
 
-VALIDATION_ROWS = 256   # rows of the new shape checked, besides the build's awkward shapes
+VALIDATION_ROWS = 256   # at most this many rows of the new shape checked, besides the build's awkward shapes
+# ... and at most this many elements, beyond what one block and a ragged one need: the float64
+# reference on the host costs most of a first call at long rows (64 rows of 50257 float32
+# elements: about 0.9 s of host time for the two trials' four comparisons).
+VALIDATION_ELEMENTS = 1 << 19
 TIMED_CANDIDATES = 3    # usable candidates timed at a new shape before one is chosen
 TIMED_ELEMENTS = 1 << 26   # at most this many elements per timed launch: the inputs and output are allocated again
 
@@ -87,6 +91,19 @@ def _spill_unseen(cand, resources: dict) -> bool:
     H200's one-element rows to slower kernels: layernorm bfloat16 4194304x1 36.5 us, its lab-best
     thread_rows8 candidates spilling 4-16 bytes.)"""
     return bool(_spills(resources)) and cand.modelled
+
+
+def validation_shape(params: dict, rows: int, cols: int) -> tuple[int, int]:
+    """The new shape as the JIT validates it: its row length whole, and rows enough for a full block
+    and a ragged one, then as many more as VALIDATION_ELEMENTS allows (up to VALIDATION_ROWS). The
+    row count only changes how many blocks run; the awkward shapes try ragged counts at other lengths."""
+    topology = params["topology"]
+    if topology in codegen.PREFETCHED or topology == codegen.FLAT or codegen.blocks_per_row(topology) > 1:
+        a_block = 1
+    else:
+        a_block = (params["threads"] // codegen.lanes_per_row(topology, params["threads"])
+                   * codegen.rows_per_thread(topology))
+    return min(rows, max(a_block + 1, min(VALIDATION_ROWS, VALIDATION_ELEMENTS // max(cols, 1)))), cols
 
 
 def rows_class(rows: int) -> int:
@@ -196,7 +213,7 @@ class Jit:
         status = meta["validation"].get(planned.hardware.name)
         if status is None and validate is not None:
             began = time.perf_counter()
-            report = validate(cubin, cand.params, (min(rows, VALIDATION_ROWS), cols))
+            report = validate(cubin, cand.params, validation_shape(cand.params, rows, cols))
             status = report["status"]
             if status in ("passed", "failed"):    # "unvalidated" (not the target GPU) is no outcome to keep
                 meta["validation"][planned.hardware.name] = status
