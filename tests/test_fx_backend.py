@@ -330,16 +330,21 @@ def test_backend_arguments_are_checked_when_it_is_made(torch, instance, tmp_path
 def with_matrix(root, classes, dtype="bfloat16"):
     """`root`'s instance with a matrix section: one validated wgmma kernel for each epilogue in
     `classes` (Epilogue objects), F.linear's layouts."""
-    from aicg.matrix import space
+    from aicg import hw
+    from aicg.matrix import prior, space
     manifest = json.loads((root / "manifest.json").read_text())
     section = {}
     for epilogue in classes:
         real = space.realisation("wgmma", dtype, "k", "k", epilogue, **space.templates()["wgmma"].tried[0])
         name = f"matmul.{dtype}.kk.{epilogue.name}"
         section[name] = {"dtype": dtype, "a_major": "k", "b_major": "k", "epilogue": epilogue.as_dict(),
-                         "kernels": {f"matmul.{real.name}": {"realisation": real.as_dict(), "validation": "passed"}},
+                         "shapes": [[128, 256, 64]], "rtol": 1.6e-2,
+                         "kernels": {f"matmul.{real.name}": {"realisation": real.as_dict(), "validation": "passed",
+                                                             "measured_seconds": [1e-5]}},
                          "dispatch": [{"m": 128, "n": 256, "k": 64, "candidate": f"matmul.{real.name}"}]}
-    manifest["matrix"] = {"arch": "sm_90a", "compute_capability": [9, 0], "classes": section}
+    model_inputs = prior.values(prior.inputs(hw.load_target(REPO / "hwdb", "h100-sxm")))
+    manifest["matrix"] = {"arch": "sm_90a", "compute_capability": [9, 0], "classes": section,
+                          "model_inputs": model_inputs}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from aicg import cas, digest, hw, profile
-from aicg.matrix import accuracy, build, codegen, plan, prior, semantics, space
+from aicg.matrix import accuracy, build, codegen, dispatch, plan, prior, semantics, space
 from aicg.matrix.problem import Problem
 from aicg.matrix.space import Epilogue
 from aicg.matrix.templates import RULES, GpuLimits
@@ -422,6 +422,15 @@ def test_validations_in_the_store_make_the_matrix_kernels_valid_and_the_fastest_
     d = manifest["matrix"]["classes"]["matmul.bfloat16.kk.plain"]["dispatch"][-1]
     share = 2 * d["m"] * d["n"] * d["k"] / d["measured_seconds"] / peak["value"]
     assert f" {share:.0%}" in report
+    # what the runtime needs at shapes the build did not time: the class's rtol and the prior's inputs
+    prof = profile.load(project / "rulesets/profiles/matmul.toml", ruleset_loader.load(project / "rulesets"),
+                        project / "hwdb")
+    kernels = dispatch.MatrixKernels(project / "build/h100-matmul", manifest["matrix"], allow_unvalidated=False)
+    plain = kernels.classes[("bfloat16", "k", "k", Epilogue())]
+    assert plain.rtol == prof.preservation.tolerance["bfloat16"][0]
+    assert manifest["matrix"]["model_inputs"] == prior.values(prior.inputs(hardware("h100-sxm")))
+    cand, _ = plain.choose(Problem(300, 4096, 4096), {"a": 1 << 20, "b": 1 << 20, "c": 1 << 30})
+    assert cand in plain.usable and cand == plain.ranked(Problem(300, 4096, 4096))[0]
 
 
 def test_a_machine_without_a_gpu_takes_the_matrix_validations_from_the_record(validated, tmp_path):

@@ -1,7 +1,8 @@
 """inst.matmul and inst.linear on a machine without a GPU (aicg/matrix/dispatch.py): the layout of
 each operand read from its strides, every argument check with its message, the kernel chosen per
-shape (the workload shape's, else the nearest one that takes the call), validated kernels only,
-the target's architecture, and the PyTorch operators on the meta device."""
+shape (the workload shape's, else the one estimated fastest of those that take the call, within the
+error bound), validated kernels only, the target's architecture, and the PyTorch operators on the
+meta device."""
 from __future__ import annotations
 
 import json
@@ -9,9 +10,12 @@ import json
 import pytest
 
 import aicg
-from aicg.matrix import dispatch, space
+from aicg import hw
+from aicg.matrix import dispatch, estimate, prior, space
 from aicg.matrix.dispatch import Operand
+from aicg.matrix.problem import Problem
 from aicg.matrix.space import Epilogue
+from doit_project import REPO
 
 BF16 = "bfloat16"
 
@@ -97,18 +101,28 @@ GEMV = space.realisation("gemv", BF16, "k", "k", Epilogue(), **TRIED["gemv"][0])
 WGMMA = space.realisation("wgmma", BF16, "k", "k", Epilogue(), **TRIED["wgmma"][0])
 
 
+MODEL_INPUTS = prior.values(prior.inputs(hw.load_target(REPO / "hwdb", "h100-sxm")))
+SHAPES = [[1, 4096, 4096], [4096, 4096, 4096]]
+
+
+def modelled(real, shape, dtype=BF16):
+    return prior.predict_seconds(real, Problem(*shape, dtype), MODEL_INPUTS)
+
+
 def section(validation="passed"):
-    def kernel(real, status):
+    def kernel(real, status, measured):
         cid = f"matmul.{real.name}"
         return cid, {"realisation": real.as_dict(), "cubin": f"kernels/matmul/{cid}.cubin", "cubin_digest": "x",
-                     "validation": status}
-    gemv_id, gemv = kernel(GEMV, validation)
-    wgmma_id, wgmma = kernel(WGMMA, "passed")
+                     "validation": status, "measured_seconds": measured,
+                     "predicted_seconds": [modelled(real, s) for s in SHAPES]}
+    gemv_id, gemv = kernel(GEMV, validation, [modelled(GEMV, SHAPES[0]), None])   # the decode kernel takes M <= 16
+    wgmma_id, wgmma = kernel(WGMMA, "passed", [modelled(WGMMA, s) for s in SHAPES])
     dispatch_rows = [{"m": 1, "n": 4096, "k": 4096, "candidate": gemv_id, "status": validation},
                      {"m": 4096, "n": 4096, "k": 4096, "candidate": wgmma_id, "status": "passed"}]
-    return {"entry": "aicg_matmul", "arch": "sm_90a", "compute_capability": [9, 0],
+    return {"entry": "aicg_matmul", "arch": "sm_90a", "compute_capability": [9, 0], "model_inputs": MODEL_INPUTS,
             "classes": {"matmul.bfloat16.kk.plain": {"dtype": BF16, "a_major": "k", "b_major": "k",
-                                                     "epilogue": Epilogue().as_dict(), "dispatch": dispatch_rows,
+                                                     "epilogue": Epilogue().as_dict(), "shapes": SHAPES,
+                                                     "rtol": 1.6e-2, "dispatch": dispatch_rows,
                                                      "kernels": {gemv_id: gemv, wgmma_id: wgmma}}}}, gemv_id, wgmma_id
 
 
@@ -118,15 +132,76 @@ def chosen_for(kernels, m, n, k, a_ptr=1 << 20):
     return cls.choose(problem, {**call.pointers, "c": 1 << 30})
 
 
-def test_a_workload_shape_runs_its_kernel_and_another_the_nearest_that_takes_it(tmp_path):
+def test_a_workload_shape_runs_its_kernel_and_another_the_one_estimated_fastest_that_takes_it(tmp_path):
     data, gemv_id, wgmma_id = section()
     kernels = dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=False)
     assert chosen_for(kernels, 1, 4096, 4096)[0] == gemv_id
     assert chosen_for(kernels, 4096, 4096, 4096)[0] == wgmma_id
-    assert chosen_for(kernels, 2, 4000, 4096)[0] == gemv_id           # nearest: the decode shape
+    assert chosen_for(kernels, 2, 4000, 4096)[0] == gemv_id           # the decode kernel, estimated faster there
     assert chosen_for(kernels, 64, 4096, 4096)[0] == wgmma_id         # M > 16: the decode kernel does not take it
+    # the decode kernel measured 30 times slower than modelled: the tiled kernel is estimated faster at M = 2
+    data["classes"]["matmul.bfloat16.kk.plain"]["kernels"][gemv_id]["measured_seconds"][0] *= 30
+    slow_decode = dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=False)
+    assert chosen_for(slow_decode, 1, 4096, 4096)[0] == gemv_id       # a workload shape keeps the build's pick
+    assert chosen_for(slow_decode, 2, 4000, 4096)[0] == wgmma_id
     cand, why = chosen_for(kernels, 4, 4096, 4096, a_ptr=(1 << 20) + 2)   # a 2-byte aligned A: neither takes it
     assert cand is None and len(why) == 2 and all("16-byte aligned" in w for w in why)
+
+
+def test_a_kernel_is_estimated_by_the_model_corrected_by_its_own_times_nearest_first():
+    problem = Problem(300, 5000, 4096)
+    on_model = [(tuple(s), modelled(WGMMA, s)) for s in SHAPES]
+    assert estimate.seconds_at(WGMMA, problem, on_model, MODEL_INPUTS) == pytest.approx(
+        prior.predict_seconds(WGMMA, problem, MODEL_INPUTS))
+    twice = [(s, 2 * t) for s, t in on_model]
+    assert estimate.seconds_at(WGMMA, problem, twice, MODEL_INPUTS) == pytest.approx(
+        2 * prior.predict_seconds(WGMMA, problem, MODEL_INPUTS))
+    # off by 4x at the decode shape, on the model at 4096: near 4096 the latter speaks
+    mixed = [(on_model[0][0], 4 * on_model[0][1]), on_model[1]]
+    near_large = estimate.seconds_at(WGMMA, Problem(3000, 4096, 4096), mixed, MODEL_INPUTS)
+    assert 1.0 < near_large / modelled(WGMMA, (3000, 4096, 4096)) < 1.01
+    assert estimate.seconds_at(WGMMA, problem, [], MODEL_INPUTS) == float("inf")
+    kernel = {"measured_seconds": [None, 3e-4], "predicted_seconds": [1e-5, 2e-4]}
+    assert estimate.known_seconds(kernel, SHAPES) == [((4096, 4096, 4096), 3e-4)]     # measured before predicted
+    assert estimate.known_seconds({"measured_seconds": [None, None], "predicted_seconds": [1e-5, None]},
+                                  SHAPES) == [((1, 4096, 4096), 1e-5)]
+
+
+def test_a_kernel_whose_error_bound_at_the_call_s_k_exceeds_rtol_does_not_take_it(tmp_path):
+    fp16 = space.realisation("wgmma", "float16", "k", "k", Epilogue(), **TRIED["wgmma"][0])
+    cid = f"matmul.{fp16.name}"
+    shapes = [[4096, 4096, 4096]]
+    entry = {"dtype": "float16", "a_major": "k", "b_major": "k", "epilogue": Epilogue().as_dict(), "shapes": shapes,
+             "rtol": 1e-3, "dispatch": [{"m": 4096, "n": 4096, "k": 4096, "candidate": cid, "status": "passed"}],
+             "kernels": {cid: {"realisation": fp16.as_dict(), "cubin": "x", "cubin_digest": "x", "validation": "passed",
+                               "measured_seconds": [2e-4], "predicted_seconds": [2e-4]}}}
+    data = {"entry": "aicg_matmul", "arch": "sm_90a", "compute_capability": [9, 0], "model_inputs": MODEL_INPUTS,
+            "classes": {"matmul.float16.kk.plain": entry}}
+    cls = dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=False).classes[
+        ("float16", "k", "k", Epilogue())]
+    asked = []
+
+    def splits(parts):
+        def launch_splits(cand, problem):
+            asked.append((cand, problem.k))
+            return parts
+        return launch_splits
+    pointers = {"a": 1 << 20, "b": 1 << 20, "c": 1 << 30}
+    assert cls.choose(Problem(64, 4096, 4096, "float16"), pointers, splits(1))[0] == cid and asked == []
+    # at K = 40000 the most parts any launch could make would not keep 1e-3; the launch's one part does
+    assert cls.choose(Problem(64, 4096, 40000, "float16"), pointers, splits(1))[0] == cid and asked == [(cid, 40000)]
+    cand, why = cls.choose(Problem(64, 4096, 40000, "float16"), pointers, splits(2500))
+    assert cand is None and "error bound at k = 40000 in 2500 part(s)" in why[0] and "rtol 0.001" in why[0]
+    cand, why = cls.choose(Problem(64, 4096, 200000, "float16"), pointers, splits(1))
+    assert cand is None and "exceeds the profile's rtol 0.001" in why[0]
+
+
+def test_a_manifest_from_before_the_estimates_asks_for_a_rebuild(tmp_path):
+    data = section()[0]
+    del data["classes"]["matmul.bfloat16.kk.plain"]["rtol"]
+    with pytest.raises(RuntimeError, match=r"manifest.json: its matrix section has no matmul.bfloat16.kk.plain.rtol "
+                                           r"\(an instance built by an earlier aicg\); build it again"):
+        dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=False)
 
 
 def test_unvalidated_kernels_are_refused_unless_asked(tmp_path):

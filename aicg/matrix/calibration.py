@@ -18,7 +18,7 @@ its combination was measured: on the H100's profile, held out one realisation
 at a time, the model alone predicted the held-out times within 0.36 (root mean
 square of the log error), the fit within 0.16 (tests/bench/matmul_plan_accuracy.py).
 A measured realisation adds its own records' residuals, weighted by how near
-their shapes are (_shape_weight) and shrunk a little (OWN_SHRINK): what it
+their shapes are (shape_weight) and shrunk a little (OWN_SHRINK): what it
 measured at a shape is what it will measure there. A template the profile has
 no record of borrows the mean log ratio of all the records: the model's
 overall error on this GPU, so that its predictions stand beside the calibrated
@@ -135,7 +135,7 @@ def for_target(hwdb_dir: Path, hardware: hw.Hardware) -> Found | None:
     return None
 
 
-def _shape_weight(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+def shape_weight(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
     """1 at the same shape, 1/25 at twice or half one of its sizes: what a kernel measured at one shape
     says of it at another fades fast (waves and tails change with every size)."""
     d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(a, b))
@@ -223,7 +223,7 @@ class Calibration:
             found, vouched = (self._overall, 0.0) if fit is None else (fit(real, shape), 0.0)
             own = self._residuals.get(real)
             if fit is not None and own:
-                weights = [_shape_weight(shape, s) for s, _ in own]
+                weights = [shape_weight(shape, s) for s, _ in own]
                 vouched = sum(weights)
                 found += sum(w * e for w, (_, e) in zip(weights, own)) / (vouched + OWN_SHRINK)
             self._cache[key] = (found, vouched)

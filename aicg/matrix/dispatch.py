@@ -13,10 +13,12 @@ kernels for that dtype, pair of layouts and epilogue (the profile's
 `[[matmul]]` classes), or the call fails saying which it has.
 
 A workload shape runs the kernel its build measured fastest there. Any
-other shape runs the packaged kernel of its class that takes it (layout,
-leading dimensions, pointer alignment) and was measured at the nearest
-workload shape: every packaged kernel was validated on ragged shapes too
-(aicg/matrix/validation.py), so it is correct at any shape it takes.
+other shape runs, of the packaged kernels of its class that take it (layout,
+leading dimensions, pointer alignment, and an error bound at its K within the
+profile's rtol), the one estimated fastest there: the prior's model corrected
+by the kernel's own times at the nearest workload shapes
+(aicg/matrix/estimate.py). Every packaged kernel was validated on ragged
+shapes too (aicg/matrix/validation.py), so it is correct at any shape it takes.
 Kernels the build did not validate on the target are refused unless the
 instance was loaded with allow_unvalidated=True. The kernels are built for
 the target's architecture (sm_90a: compute capability 9.0 only); another GPU
@@ -32,6 +34,7 @@ from typing import NamedTuple
 
 from .. import digest
 from ..runtime import arrays, driver
+from . import accuracy, estimate
 from .problem import MAX_DIMENSION, Problem
 from .space import ACTIVATIONS, DTYPES, Epilogue, Realisation
 from .templates import RULES
@@ -200,21 +203,45 @@ def _call(m, n, k, dtype, device, a_readings, b_readings, epilogue, out_shape, g
     return Call(problems, tuple(out_shape), pointers, dtype, device)
 
 
-def _distance(problem: Problem, row: dict) -> float:
-    return sum(abs(math.log(getattr(problem, d) / row[d])) for d in ("m", "n", "k"))
-
-
 class ClassKernels:
     """One class of the manifest: its dispatch table and its usable kernels."""
 
-    def __init__(self, name: str, entry: dict, usable: dict[str, dict]):
-        self.name, self.entry, self.usable = name, entry, usable
+    RANKINGS_KEPT = 4096     # shapes whose ranking is remembered (a serving loop meets a few hundred)
+
+    def __init__(self, name: str, entry: dict, usable: dict[str, dict], model_inputs: dict):
+        self.name, self.entry, self.usable, self.model_inputs = name, entry, usable, model_inputs
+        self.rtol = entry["rtol"]
         self.exact = {(d["m"], d["n"], d["k"]): d["candidate"] for d in entry["dispatch"]
                       if d["candidate"] in usable}
         self.realisations = {c: Realisation.from_dict(k["realisation"]) for c, k in usable.items()}
+        self.known = {c: estimate.known_seconds(k, entry["shapes"]) for c, k in usable.items()}
+        self._rankings: dict[tuple[int, int, int], list[str]] = {}
 
-    def choose(self, problem: Problem, pointers: dict[str, int]) -> tuple[str, list[str]]:
-        """(the kernel for this call, or None; why each other kernel could not take it)."""
+    def ranked(self, problem: Problem) -> list[str]:
+        """The usable kernels, estimated fastest at `problem` first (ties by name)."""
+        key = (problem.m, problem.n, problem.k)
+        if key not in self._rankings:
+            if len(self._rankings) >= self.RANKINGS_KEPT:
+                self._rankings.clear()
+            self._rankings[key] = sorted(self.usable, key=lambda c: (estimate.seconds_at(
+                self.realisations[c], problem, self.known[c], self.model_inputs), c))
+        return self._rankings[key]
+
+    def _bound_exceeded(self, cand: str, problem: Problem, splits) -> str | None:
+        """Why the kernel's error bound at this K does not fit the class's rtol (None: it fits). The most
+        parts any launch cuts K into (one per k16 step) is tried first; past it, the launch's own."""
+        k, dtype, epilogue = problem.k, problem.dtype, problem.epilogue
+        if accuracy.keeps(dtype, k, -(-k // 16), epilogue, self.rtol):
+            return None
+        parts = splits(cand, problem) if splits else -(-k // 16)
+        if accuracy.keeps(dtype, k, parts, epilogue, self.rtol):
+            return None
+        return (f"its error bound at k = {k} in {parts} part(s), "
+                f"{accuracy.relative_bound(dtype, k, parts, epilogue):.3g}, exceeds the profile's rtol {self.rtol:g}")
+
+    def choose(self, problem: Problem, pointers: dict[str, int], splits=None) -> tuple[str | None, list[str]]:
+        """(the kernel for this call, or None; why each other kernel could not take it). `splits(cand,
+        problem)`: the parts that kernel's launch cuts K into (asked only at depths where it matters)."""
         why = []
 
         def takes(cand: str) -> bool:
@@ -223,15 +250,15 @@ class ClassKernels:
             alignment = RULES[real.template].operand_alignment(real)
             if reason is None and any(pointers[o] % alignment for o in ("a", "b")):
                 reason = f"a and b must be {alignment}-byte aligned"
+            if reason is None:
+                reason = self._bound_exceeded(cand, problem, splits)
             if reason:
                 why.append(f"{cand}: {reason}")
             return reason is None
         exact = self.exact.get((problem.m, problem.n, problem.k))
         if exact and takes(exact):
             return exact, why
-        ranked = sorted(self.usable, key=lambda c: (min((_distance(problem, d) for d in self.entry["dispatch"]
-                                                         if d["candidate"] == c), default=math.inf), c))
-        return next((c for c in ranked if takes(c)), None), why
+        return next((c for c in self.ranked(problem) if c != exact and takes(c)), None), why
 
 
 class MatrixKernels:
@@ -239,6 +266,11 @@ class MatrixKernels:
 
     def __init__(self, path, section: dict, allow_unvalidated: bool, error=RuntimeError):
         self.path, self.section, self.error = path, section, error
+        lacking = [key for key in ("model_inputs",) if key not in section] + [
+            f"{name}.{key}" for name, entry in section["classes"].items() for key in ("shapes", "rtol") if key not in entry]
+        if lacking:
+            raise error(f"{path / 'manifest.json'}: its matrix section has no {lacking[0]} (an instance built by an "
+                        f"earlier aicg); build it again")
         self.compute_capability = tuple(section["compute_capability"])
         self.classes: dict[tuple, ClassKernels] = {}
         self.skipped: list[str] = []
@@ -247,7 +279,7 @@ class MatrixKernels:
             self.skipped += [f"{name}: {c}" for c in entry["kernels"] if c not in usable]
             if usable:
                 key = (entry["dtype"], entry["a_major"], entry["b_major"], Epilogue(**entry["epilogue"]))
-                self.classes[key] = ClassKernels(name, entry, usable)
+                self.classes[key] = ClassKernels(name, entry, usable, section["model_inputs"])
         self._loaded: dict[tuple[str, int], object] = {}
         self._checked_devices: set[int] = set()
         self.chosen: dict[tuple, str] = {}     # (class name, m, n, k) -> the kernel that ran there
@@ -310,7 +342,12 @@ class MatrixKernels:
             return out_obj
         cls, problem = self._class_for(call)
         pointers = {**call.pointers, "c": out_ptr}
-        cand, why = cls.choose(problem, pointers)
+
+        def splits(cand: str, at: Problem) -> int:
+            from .check import splits_of
+            self._check_device(call.device)
+            return splits_of(cls.realisations[cand].template, self._kernel(cls, cand, call.device).geometry(at))
+        cand, why = cls.choose(problem, pointers, splits)
         if cand is None:
             raise ValueError(f"no packaged kernel of {cls.name} takes {problem.name}: " + "; ".join(why))
         self._check_device(call.device)

@@ -3,12 +3,13 @@
     "matrix": {
       "entry": "aicg_matmul", "arch": "sm_90a", "compute_capability": [9, 0],
       "classes": {"matmul.bfloat16.kk.plain": {
-          "dtype", "a_major", "b_major", "epilogue", "shapes",
+          "dtype", "a_major", "b_major", "epilogue", "shapes", "rtol",
           "chosen", "status", "basis",            # the kernel serving most shapes, for reports
           "dispatch": [{"m", "n", "k", "candidate", "status", "measured_seconds", "predicted_seconds"}],
           "kernels": {<candidate>: {"realisation", "family", "rules", "cubin", "cubin_digest", "resources",
                                     "validation", "validated_on", "measured_seconds", "predicted_seconds"}},
-          "legal_families", "rejected", "considered", "why": {"families": {...}, "rules": {...}}}}}
+          "legal_families", "rejected", "considered", "why": {"families": {...}, "rules": {...}}}},
+      "model_inputs": {<name>: value}}           # the prior's inputs (aicg/matrix/prior.py), for other shapes
 
 Every kernel a dispatch row names is packaged as kernels/matmul/<candidate>.cubin,
 with its digest; the runtime (aicg/matrix/dispatch.py) checks it before loading.
@@ -60,7 +61,7 @@ def section(ctx, matrix, compute_capability) -> tuple[dict, dict[str, bytes]]:
         families = decided["legality"]["families"]
         classes[name] = {
             "dtype": plan["dtype"], "a_major": plan["a_major"], "b_major": plan["b_major"],
-            "epilogue": plan["epilogue"], "shapes": plan["shapes"],
+            "epilogue": plan["epilogue"], "shapes": plan["shapes"], "rtol": plan["rtol"],
             "chosen": pick["chosen"], "status": pick["status"], "basis": pick["basis"],
             "dispatch": pick["dispatch"], "kernels": kernels, "legal_families": decided["usable"],
             "blocked_families": decided["blocked"], "rejected": plan["rejected"], "considered": len(pick["candidates"]),
@@ -68,7 +69,7 @@ def section(ctx, matrix, compute_capability) -> tuple[dict, dict[str, bytes]]:
                     "rules": {r: decided["legality"]["rules"][r]["facts"] for r in rules}}}
     return ({"entry": codegen.ENTRY, "arch": matrix.arch, "compute_capability": list(compute_capability),
              "tensor_peak_flops": tensor_peaks(plan_record["inputs"], {c["dtype"] for c in classes.values()}),
-             "classes": classes}, outputs)
+             "classes": classes, "model_inputs": {n: i["value"] for n, i in plan_record["inputs"].items()}}, outputs)
 
 
 def tensor_peaks(inputs: dict, dtypes) -> dict:

@@ -105,9 +105,10 @@ class ClassPlan:
     cls: MatmulClass
     candidates: list[Candidate]
     rejected: list[dict]          # families, settings and shapes left out, with the reason
+    rtol: float                   # the dtype's relative tolerance, which every candidate's bound fits
 
     def as_record(self) -> dict:
-        return {**self.cls.as_record(), "candidates": [c.as_record() for c in self.candidates],
+        return {**self.cls.as_record(), "rtol": self.rtol, "candidates": [c.as_record() for c in self.candidates],
                 "rejected": self.rejected}
 
 
@@ -227,4 +228,4 @@ def plan_class(cls: MatmulClass, sem, class_legality, hw: dict, limits: GpuLimit
             rejected.append({"shape": list(shape), "by": "coverage",
                              "why": "no legal realisation the target runs computes this shape within the dtype's "
                                     "rtol"})
-    return ClassPlan(cls, kept, rejected)
+    return ClassPlan(cls, kept, rejected, rtol)

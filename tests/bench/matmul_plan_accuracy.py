@@ -12,6 +12,13 @@ prior would have picked the fastest). The geometric means over the shapes close 
 Then each realisation is held out in turn (all its records), the calibration made from the others,
 and its measured times predicted: the root mean square of log(predicted / measured), model alone
 and calibrated (what the plan knows of a realisation the profile has not measured).
+
+Last, what an instance runs at a shape its build did not time (aicg/matrix/dispatch.py): each shape
+of a class is held out; the others stand for the workload, each served by its fastest measured
+realisation (the packaged kernels, knowing their records at those shapes only); at the held-out
+shape, the kernel of the nearest workload shape that takes it, and the kernel estimated fastest
+(aicg/matrix/estimate.py), each over the fastest packaged kernel measured there (a pick not
+measured there is counted apart).
 """
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from aicg import hw  # noqa: E402
-from aicg.matrix import calibration, prior  # noqa: E402
+from aicg.matrix import calibration, estimate, prior  # noqa: E402
+from aicg.matrix.templates import RULES  # noqa: E402
 from aicg.matrix.problem import Problem  # noqa: E402
 from aicg.matrix.space import Realisation  # noqa: E402
 
@@ -92,6 +100,42 @@ def held_out_realisations(profile: calibration.Profile, values: dict) -> dict[st
     return {label: math.sqrt(sum(e * e for e in es) / len(es)) for label, es in errors.items()}
 
 
+def _log_distance(a: tuple, b: tuple) -> float:
+    return sum(abs(math.log(x / y)) for x, y in zip(a, b))
+
+
+def off_shape_picks(profile: calibration.Profile, values: dict) -> list[dict]:
+    """One row per held-out (class, shape): the nearest-shape and the estimated pick over the best packaged there."""
+    by_class: dict[tuple, dict[tuple, dict[Realisation, float]]] = {}
+    for r in profile.records:
+        key = _class_and_shape(r)
+        by_class.setdefault(key[:4], {}).setdefault(key[4], {})[Realisation.from_dict(r["realisation"])] = r["seconds"]
+    rows = []
+    for cls, shapes in sorted(by_class.items(), key=lambda kv: str(kv[0])):
+        for held in sorted(shapes):
+            workload = {s: times for s, times in shapes.items() if s != held}
+            packaged = {min(times, key=lambda real: (times[real], real.name)) for times in workload.values()}
+            if not packaged:
+                continue
+            first = next(iter(packaged))
+            problem = Problem(*held, first.dtype, first.a_major, first.b_major, first.epilogue)
+            takes = [real for real in packaged if RULES[real.template].unsupported(real, problem) is None]
+            there = {real: shapes[held][real] for real in takes if real in shapes[held]}
+            if len(takes) < 2 or not there:
+                continue
+            nearest = min(takes, key=lambda real: (min(_log_distance(held, s) for s, times in workload.items()
+                                                       if min(times, key=lambda x: (times[x], x.name)) == real),
+                                                   real.name))
+            estimated = min(takes, key=lambda real: (estimate.seconds_at(
+                real, problem, [(s, times[real]) for s, times in workload.items() if real in times], values),
+                real.name))
+            best = min(there.values())
+            rows.append({"shape": held, "class": f"{first.a_major}{first.b_major} {first.epilogue.name}",
+                         "packaged": len(takes), "nearest": there.get(nearest, math.nan) / best,
+                         "estimated": there.get(estimated, math.nan) / best})
+    return rows
+
+
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
 
@@ -122,6 +166,20 @@ def main(argv=None) -> int:
     spread = held_out_realisations(profile, values)
     print(f"each realisation held out ({len({str(r['realisation']) for r in profile.records})}): root mean square "
           f"of log(predicted / measured), model {spread['model']:.3f}, calibrated {spread['calibrated']:.3f}")
+    picks = off_shape_picks(profile, values)
+    print(f"\neach shape held out from an instance built at the others ({len(picks)} shapes where two or more "
+          f"packaged kernels take it): the pick's measured time over the best packaged kernel's there")
+    print(f"{'shape':>18} {'layouts, epilogue':>25} {'kernels':>7} | {'nearest':>7} {'estimated':>9}")
+    for row in picks:
+        print(f"{'x'.join(map(str, row['shape'])):>18} {row['class']:>25} {row['packaged']:>7} | "
+              f"{row['nearest']:7.2f} {row['estimated']:9.2f}")
+    for label in ("nearest", "estimated"):
+        known = [r[label] for r in picks if not math.isnan(r[label])]
+        print(f"{label}: geometric mean {_geomean(known):.3f}, worst {max(known):.2f} over {len(known)} shapes "
+              f"({len(picks) - len(known)} picks not measured there)")
+    both = [r for r in picks if not math.isnan(r["nearest"]) and not math.isnan(r["estimated"])]
+    print(f"on the {len(both)} shapes where both picks were measured: nearest {_geomean([r['nearest'] for r in both]):.3f}"
+          f", estimated {_geomean([r['estimated'] for r in both]):.3f}")
     return 0
 
 
