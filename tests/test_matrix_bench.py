@@ -85,3 +85,37 @@ def test_arguments(bench):
     assert args.grid_m == [1, 16] and args.grid_nk == [(4096, 4096)] and args.stages == ["tiny", "grid"]
     quick = bench.parse(["--quick"])
     assert quick.stages == ["tiny", "ragged"] and quick.reps == 5
+
+
+def grid_bench(bench, repo, record):
+    """A Bench as the grid stage sees it, without a GPU: every K-major realisation compiled and valid."""
+    made = object.__new__(bench.Bench)
+    made.args = bench.parse([])
+    made.record = record
+    made.info = type("Info", (), {"sm_count": 132})()
+    made.reals = bench.realisations((9, 0), limits(repo, "h100-sxm"))
+    made.built = {r.name: {"cubin": b"", "problems": []} for r in made.reals}
+    made.passed = {}
+    return made
+
+
+def test_the_grid_times_at_each_shape_what_the_calibrated_prior_ranks_first_there(bench, repo):
+    made = grid_bench(bench, repo, hw.load(repo / "hwdb/h100-sxm.toml"))
+    predicted = made.predicted()
+    tops = made.candidates("wgmma", "k", "k")[:1]
+    few_tiles = made.shape_candidates(Problem(128, 4096, 4096), tops, predicted)
+    assert few_tiles[0] == tops[0] and len(few_tiles) <= 1 + made.args.grid_ranked
+    assert any(r.template == "wgmma" and r.knob("split_k") > 1 for r in few_tiles)   # 16 tiles of 128 x 256
+    decode = made.shape_candidates(Problem(1, 4096, 4096), tops, predicted)
+    assert any(r.template == "gemv" for r in decode)
+    large = made.shape_candidates(Problem(4096, 4096, 4096), tops, predicted)
+    assert not any(r.template == "gemv" or r.template == "wgmma" and r.knob("split_k") > 1 for r in large)
+    pool = [r for r in made.candidates("wgmma", "k", "k") + made.candidates("mma", "k", "k")
+            if made.worth_timing(r, Problem(4096, 4096, 4096))]
+    best = min(pool, key=lambda r: predicted(r, Problem(4096, 4096, 4096)))
+    assert best in large
+    # without the GPU's hwdb entry: the square stage's best and, for M <= 16, every decode realisation
+    blind = grid_bench(bench, repo, None)
+    assert blind.predicted() is None
+    assert blind.shape_candidates(Problem(1, 4096, 4096), tops, None) == tops + blind.candidates("gemv", "k", "k")
+    assert blind.shape_candidates(Problem(4096, 4096, 4096), tops, None) == tops

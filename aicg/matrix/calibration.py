@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import hw, measurements
 from ..errors import InputError
-from . import space
+from . import prior, space
 from .problem import Problem
 from .space import Realisation
 
@@ -133,6 +133,17 @@ def for_target(hwdb_dir: Path, hardware: hw.Hardware) -> Found | None:
                 kin.fact("sm_count") == hardware.fact("sm_count"):
             return Found(load(path), kin, True)
     return None
+
+
+def of_target(hwdb_dir: Path, hardware: hw.Hardware) -> tuple["Calibration | None", Found | None]:
+    """The target's calibration of the matrix prior, and the profile it came from ((None, None): no
+    profile to use). A borrowed profile's ratios are of the model read with the facts of the GPU it
+    measured, so that is the model it is fitted to."""
+    found = for_target(hwdb_dir, hardware)
+    if found is None:
+        return None, None
+    values = prior.values(prior.inputs(found.measured_on))
+    return Calibration(found.profile, lambda real, problem: prior.predict_seconds(real, problem, values)), found
 
 
 def shape_weight(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:

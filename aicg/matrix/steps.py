@@ -90,11 +90,7 @@ def load(rules_dir: Path, base_rules, prof, hardware: hw.Hardware, hwdb_dir: Pat
     inputs = prior.inputs(hardware)
     values = prior.values(inputs)
     limits = GpuLimits.of_hardware(hardware)
-    found = calibration.for_target(hwdb_dir, hardware)
-    measured = None
-    if found is not None:   # its ratios are of the model read with the facts of the GPU it measured
-        measured_values = prior.values(prior.inputs(found.measured_on)) if found.borrowed else values
-        measured = calibration.Calibration(found.profile, lambda r, p: prior.predict_seconds(r, p, measured_values))
+    measured, found = calibration.of_target(hwdb_dir, hardware)
     legalities, plans = {}, []
     for cls in prof.matmul:
         decided = semantics.decide(sem, cls.dtype, cls.epilogue, prof.preservation, prof.choice)

@@ -5,7 +5,7 @@
 #   GPU_TESTS="tests/test_gpu_matrix_build.py tests/test_gpu_matrix_lab.py"   GPU_TEST_SECONDS=200
 #   LAB_SECONDS=180          (doit primitives family=matrix budget=...: the profile lands in $OUT; 0: skip)
 #   BUILD_SECONDS=240        (doit build profile=rulesets/profiles/matmul.toml target=auto; 0: skip)
-#   BENCH="--stages grid --grid-all --grid-m 128,1024 --grid-nk 4096x4096,4096x14336 --only _staged,gemv"
+#   BENCH="--stages grid --grid-nk 4096x4096,4096x14336"   (each shape: the prior's first 4 and the first tried)
 #   BENCH_SECONDS=240        (tests/bench/matmul_bench.py with BENCH's arguments; empty BENCH: skip)
 #   RECORD=1                 (doit record of the matmul profile: hwdb/<gpu>.validations.jsonl to $OUT)
 # Results go to $OUT (or ./device-out): the matrix profile, the bench JSON, the build's manifest and

@@ -6,7 +6,7 @@ torch.compile(mode="max-autotune"); print a compact table last and write the ful
     python tests/bench/matmul_bench.py --json matmul.json [--quick] [--compile]
         [--stages tiny,ragged,square,fused,grid] [--grid-m 1,16,128,1024,4096,16384]
         [--grid-nk 6144x4096,4096x4096,28672x4096,4096x14336] [--only SUBSTRING,...]
-        [--grid-all] [--budget SECONDS] [--reps N] [--jobs N]
+        [--grid-all] [--grid-ranked N] [--budget SECONDS] [--reps N] [--jobs N]
 
 --only keeps the realisations whose name contains any of the comma-separated
 substrings (e.g. `--only _staged,pingpong,gemv` for the staged and pingpong
@@ -25,7 +25,9 @@ aicg/matrix/worker.py):
   fused   8192 x 4096 x 4096 bf16 with bias + GELU (erf) + residual, against eager
           PyTorch, F.linear with its bias (cuBLASLt epilogue) and torch.compile
   grid    M x (N, K) of Llama-3-8B's projections (F.linear weights), the best square
-          realisations (or, with --grid-all, every one) and, for M <= 16, the decode kernel;
+          realisations (or, with --grid-all, every one) and the first --grid-ranked (4) as
+          the GPU's calibrated matrix prior ranks them at that shape (without an hwdb entry:
+          every decode realisation where M <= 16);
           each case's ratio to cuBLAS printed as it comes, the decode rows against the copy
           bandwidth measured in this run
 The target is the GPU present (its compute capability picks the realisations). Every
@@ -370,14 +372,40 @@ class Bench:
         best --grid-candidates of the square stage."""
         if self.args.grid_all:
             return self.candidates("wgmma", "k", "k") + self.candidates("mma", "k", "k")
-        ranked = sorted(self.square_results.get((8192, "k"), []) + self.square_results.get((4096, "k"), []),
-                        key=lambda t: -t[0])
+        ranked = sorted(getattr(self, "square_results", {}).get((8192, "k"), []) +
+                        getattr(self, "square_results", {}).get((4096, "k"), []), key=lambda t: -t[0])
         tops = []
         for _, real in ranked:
             if real not in tops:
                 tops.append(real)
         return tops[:self.args.grid_candidates] or self.candidates("wgmma", "k", "k")[:1] or \
             self.candidates("mma", "k", "k")[:1]
+
+    def predicted(self):
+        """(real, problem) -> seconds by the GPU's calibrated matrix prior, as the plan ranks; None
+        without an hwdb entry for the GPU present."""
+        if self.record is None:
+            return None
+        from aicg.matrix import calibration, prior
+        values = prior.values(prior.inputs(self.record))
+        measured, _ = calibration.of_target(ROOT / "hwdb", self.record)
+
+        def seconds(real: Realisation, problem: Problem) -> float:
+            modelled = prior.predict_seconds(real, problem, values)
+            return measured.cautious_seconds(real, problem, modelled) if measured else modelled
+        return seconds
+
+    def shape_candidates(self, problem: Problem, tops: list[Realisation], predicted) -> list[Realisation]:
+        """What the grid times at `problem`: `tops`, and the first --grid-ranked valid K-major
+        realisations that take it as the calibrated prior ranks them there (the plan's choice at that
+        shape); without a prior, `tops` and every decode realisation where M <= 16."""
+        pool = [r for t in ("wgmma", "mma", "gemv") for r in self.candidates(t, "k", "k")
+                if RULES[r.template].unsupported(r, problem) is None and self.worth_timing(r, problem)]
+        if predicted is None:
+            ranked = [r for r in pool if r.template == "gemv"]
+        else:
+            ranked = sorted(pool, key=lambda r: (predicted(r, problem), r.name))[:self.args.grid_ranked]
+        return list(dict.fromkeys(tops + ranked))
 
     def worth_timing(self, real: Realisation, problem: Problem) -> bool:
         """Split-K pays only where a problem's tiles leave SMs idle; elsewhere it only adds the
@@ -392,7 +420,7 @@ class Bench:
         self.recorder.peer("grid", copy)
         print(f"  copy bandwidth {copy['bytes_per_second'] / 1e12:.2f} TB/s (read + write)", flush=True)
         tops = self.grid_candidates()
-        decode = self.candidates("gemv", "k", "k")
+        predicted = self.predicted()
         ratios = []
         for n, k in self.args.grid_nk:
             for m in self.args.grid_m:
@@ -404,7 +432,7 @@ class Bench:
                 peer = peers.matmul(problem)
                 self.recorder.peer("grid", peer)
                 best = None
-                for real in tops + (decode if m <= 16 else []):
+                for real in self.shape_candidates(problem, tops, predicted):
                     if not self.worth_timing(real, problem):
                         continue
                     r = self.run("grid", real, problem, self.args.reps)
@@ -556,6 +584,8 @@ def parse(argv=None):
     p.add_argument("--grid-m", default=",".join(map(str, GRID_M)))
     p.add_argument("--grid-nk", default=",".join(f"{n}x{k}" for n, k in GRID_NK))
     p.add_argument("--grid-candidates", type=int, default=2, help="best square realisations timed on the grid")
+    p.add_argument("--grid-ranked", type=int, default=4,
+                   help="and at each grid shape, the first of the valid realisations as the GPU's calibrated prior ranks them there")
     p.add_argument("--grid-all", action="store_true",
                    help="time every valid K-major realisation on the grid (not only the best of the square stage)")
     p.add_argument("--only", default="",
