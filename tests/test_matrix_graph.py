@@ -429,8 +429,8 @@ def test_validations_in_the_store_make_the_matrix_kernels_valid_and_the_fastest_
     plain = kernels.classes[("bfloat16", "k", "k", Epilogue())]
     assert plain.rtol == prof.preservation.tolerance["bfloat16"][0]
     assert manifest["matrix"]["model_inputs"] == prior.values(prior.inputs(hardware("h100-sxm")))
-    cand, _ = plain.choose(Problem(300, 4096, 4096), {"a": 1 << 20, "b": 1 << 20, "c": 1 << 30})
-    assert cand in plain.usable and cand == plain.ranked(Problem(300, 4096, 4096))[0]
+    kernel, _ = plain.choose(Problem(300, 4096, 4096), {"a": 1 << 20, "b": 1 << 20, "c": 1 << 30})
+    assert kernel.candidate in plain.usable and kernel.candidate == plain.ranked(Problem(300, 4096, 4096))[0]
 
 
 def test_a_machine_without_a_gpu_takes_the_matrix_validations_from_the_record(validated, tmp_path):

@@ -35,6 +35,7 @@ from typing import NamedTuple
 from .. import digest
 from ..runtime import arrays, driver
 from . import accuracy, estimate
+from .jit import Kernel, MatrixJit
 from .problem import MAX_DIMENSION, Problem
 from .space import ACTIVATIONS, DTYPES, Epilogue, Realisation
 from .templates import RULES
@@ -213,9 +214,12 @@ class ClassKernels:
         self.rtol = entry["rtol"]
         self.exact = {(d["m"], d["n"], d["k"]): d["candidate"] for d in entry["dispatch"]
                       if d["candidate"] in usable}
-        self.realisations = {c: Realisation.from_dict(k["realisation"]) for c, k in usable.items()}
+        self.kernels = {c: Kernel(c, Realisation.from_dict(k["realisation"])) for c, k in usable.items()}
         self.known = {c: estimate.known_seconds(k, entry["shapes"]) for c, k in usable.items()}
         self._rankings: dict[tuple[int, int, int], list[str]] = {}
+
+    def is_workload(self, problem: Problem) -> bool:
+        return (problem.m, problem.n, problem.k) in self.exact
 
     def ranked(self, problem: Problem) -> list[str]:
         """The usable kernels, estimated fastest at `problem` first (ties by name)."""
@@ -224,48 +228,65 @@ class ClassKernels:
             if len(self._rankings) >= self.RANKINGS_KEPT:
                 self._rankings.clear()
             self._rankings[key] = sorted(self.usable, key=lambda c: (estimate.seconds_at(
-                self.realisations[c], problem, self.known[c], self.model_inputs), c))
+                self.kernels[c].realisation, problem, self.known[c], self.model_inputs), c))
         return self._rankings[key]
 
-    def _bound_exceeded(self, cand: str, problem: Problem, splits) -> str | None:
+    def _bound_exceeded(self, kernel: Kernel, problem: Problem, splits) -> str | None:
         """Why the kernel's error bound at this K does not fit the class's rtol (None: it fits). The most
         parts any launch cuts K into (one per k16 step) is tried first; past it, the launch's own."""
         k, dtype, epilogue = problem.k, problem.dtype, problem.epilogue
         if accuracy.keeps(dtype, k, -(-k // 16), epilogue, self.rtol):
             return None
-        parts = splits(cand, problem) if splits else -(-k // 16)
+        parts = splits(kernel, problem) if splits else -(-k // 16)
         if accuracy.keeps(dtype, k, parts, epilogue, self.rtol):
             return None
         return (f"its error bound at k = {k} in {parts} part(s), "
                 f"{accuracy.relative_bound(dtype, k, parts, epilogue):.3g}, exceeds the profile's rtol {self.rtol:g}")
 
-    def choose(self, problem: Problem, pointers: dict[str, int], splits=None) -> tuple[str | None, list[str]]:
-        """(the kernel for this call, or None; why each other kernel could not take it). `splits(cand,
-        problem)`: the parts that kernel's launch cuts K into (asked only at depths where it matters)."""
+    def refusal(self, kernel: Kernel, problem: Problem, pointers: dict[str, int], splits=None) -> str | None:
+        """Why `kernel` cannot take this call (None: it can)."""
+        real = kernel.realisation
+        reason = RULES[real.template].unsupported(real, problem)
+        alignment = RULES[real.template].operand_alignment(real)
+        if reason is None and any(pointers[o] % alignment for o in ("a", "b")):
+            reason = f"a and b must be {alignment}-byte aligned"
+        return reason or self._bound_exceeded(kernel, problem, splits)
+
+    def choose(self, problem: Problem, pointers: dict[str, int], splits=None,
+               tuned: Kernel | None = None) -> tuple[Kernel | None, list[str]]:
+        """(the kernel for this call, or None; why each other kernel could not take it): the workload
+        shape's, else `tuned` (what inst.tune() chose at this shape), else the one estimated fastest.
+        `splits(kernel, problem)`: the parts its launch cuts K into (asked only at depths where it matters)."""
         why = []
 
-        def takes(cand: str) -> bool:
-            real = self.realisations[cand]
-            reason = RULES[real.template].unsupported(real, problem)
-            alignment = RULES[real.template].operand_alignment(real)
-            if reason is None and any(pointers[o] % alignment for o in ("a", "b")):
-                reason = f"a and b must be {alignment}-byte aligned"
-            if reason is None:
-                reason = self._bound_exceeded(cand, problem, splits)
+        def takes(kernel: Kernel) -> bool:
+            reason = self.refusal(kernel, problem, pointers, splits)
             if reason:
-                why.append(f"{cand}: {reason}")
+                why.append(f"{kernel.candidate}: {reason}")
             return reason is None
         exact = self.exact.get((problem.m, problem.n, problem.k))
-        if exact and takes(exact):
-            return exact, why
-        return next((c for c in self.ranked(problem) if c != exact and takes(c)), None), why
+        for kernel in (self.kernels.get(exact), tuned):
+            if kernel is not None and takes(kernel):
+                return kernel, why
+        return next((self.kernels[c] for c in self.ranked(problem) if c != exact and takes(self.kernels[c])),
+                    None), why
+
+
+def _class_of(cls: ClassKernels) -> tuple:
+    e = cls.entry
+    return e["dtype"], e["a_major"], e["b_major"], Epilogue(**e["epilogue"])
+
+
+def _packed(problem: Problem) -> Problem:
+    """The call's shape with tightly packed operands, as a shape is planned, validated and timed."""
+    return Problem(problem.m, problem.n, problem.k, problem.dtype, problem.a_major, problem.b_major, problem.epilogue)
 
 
 class MatrixKernels:
     """The matrix section of an instance's manifest, as callable kernels."""
 
-    def __init__(self, path, section: dict, allow_unvalidated: bool, error=RuntimeError):
-        self.path, self.section, self.error = path, section, error
+    def __init__(self, path, section: dict, allow_unvalidated: bool, error=RuntimeError, jit: MatrixJit | None = None):
+        self.path, self.section, self.error, self.jit = path, section, error, jit
         lacking = [key for key in ("model_inputs",) if key not in section] + [
             f"{name}.{key}" for name, entry in section["classes"].items() for key in ("shapes", "rtol") if key not in entry]
         if lacking:
@@ -283,6 +304,8 @@ class MatrixKernels:
         self._loaded: dict[tuple[str, int], object] = {}
         self._checked_devices: set[int] = set()
         self.chosen: dict[tuple, str] = {}     # (class name, m, n, k) -> the kernel that ran there
+        self.tuned: dict[tuple, Kernel | None] = {}      # (class name, m, n, k) -> inst.tune()'s choice there
+        self.untuned: dict[tuple, tuple[ClassKernels, Kernel]] = {}   # shapes outside the workload run untimed
 
     def has(self) -> bool:
         return bool(self.classes)
@@ -312,17 +335,45 @@ class MatrixKernels:
                              f"{'.'.join(map(str, cc)) if cc else 'none'}); build the profile for it (target=auto)")
         self._checked_devices.add(device)
 
-    def _kernel(self, cls: ClassKernels, cand: str, device: int):
-        key = (cand, device)
+    def _kernel(self, cls: ClassKernels, kernel: Kernel, device: int):
+        key = (kernel.candidate, device)
         if key not in self._loaded:
             from .launch import MatmulKernel
-            entry = cls.usable[cand]
-            cubin = (self.path / entry["cubin"]).read_bytes()
-            if digest.of_bytes(cubin) != entry["cubin_digest"]:
-                raise self.error(f"{self.path / entry['cubin']}: digest does not match the manifest")
+            cubin = kernel.cubin
+            if cubin is None:
+                entry = cls.usable[kernel.candidate]
+                cubin = (self.path / entry["cubin"]).read_bytes()
+                if digest.of_bytes(cubin) != entry["cubin_digest"]:
+                    raise self.error(f"{self.path / entry['cubin']}: digest does not match the manifest")
             driver.use_primary_context(device)
-            self._loaded[key] = MatmulKernel(cls.realisations[cand], cubin)
+            self._loaded[key] = MatmulKernel(kernel.realisation, cubin)
         return self._loaded[key]
+
+    def pick(self, cls: ClassKernels, problem: Problem, pointers: dict[str, int], splits=None) -> Kernel:
+        """The kernel for a call (ValueError where none takes it): the workload shape's, else what
+        inst.tune() chose at this shape, else the packaged kernel estimated fastest, noted for tune()."""
+        shape = (cls.name, problem.m, problem.n, problem.k)
+        if shape not in self.tuned and self.jit is not None and not cls.is_workload(problem):
+            self.tuned[shape] = self.jit.choice(cls.name, _packed(problem))
+        kernel, why = cls.choose(problem, pointers, splits, self.tuned.get(shape))
+        if kernel is None:
+            raise ValueError(f"no packaged kernel of {cls.name} takes {problem.name}: " + "; ".join(why))
+        if self.jit is not None and not cls.is_workload(problem) and self.tuned.get(shape) is None:
+            self.untuned.setdefault(shape, (cls, kernel))
+        return kernel
+
+    def tune(self) -> list[tuple]:
+        """inst.tune()'s matrix part (aicg/matrix/jit.py): at each shape outside the workload called so
+        far, plan, compile, validate and time the prior's best realisations beside the kernel running
+        there, and run the fastest valid one from now on. Returns the (class, m, n, k) it tuned."""
+        done = []
+        for shape, (cls, running) in sorted(self.untuned.items(), key=lambda kv: kv[0]):
+            problem = _packed(Problem(*shape[1:], *_class_of(cls)))
+            self.jit.tune(cls.name, problem, running)
+            self.tuned[shape] = self.jit.choice(cls.name, problem)
+            done.append(shape)
+        self.untuned = {s: v for s, v in self.untuned.items() if s not in done}
+        return done
 
     def run(self, call: Call, like: Operand, out=None, stream=None):
         """Launch the call's kernel into `out` (a new array like `like` where None); returns the output."""
@@ -343,20 +394,18 @@ class MatrixKernels:
         cls, problem = self._class_for(call)
         pointers = {**call.pointers, "c": out_ptr}
 
-        def splits(cand: str, at: Problem) -> int:
+        def splits(kernel: Kernel, at: Problem) -> int:
             from .check import splits_of
             self._check_device(call.device)
-            return splits_of(cls.realisations[cand].template, self._kernel(cls, cand, call.device).geometry(at))
-        cand, why = cls.choose(problem, pointers, splits)
-        if cand is None:
-            raise ValueError(f"no packaged kernel of {cls.name} takes {problem.name}: " + "; ".join(why))
+            return splits_of(kernel.realisation.template, self._kernel(cls, kernel, call.device).geometry(at))
+        chosen = self.pick(cls, problem, pointers, splits)
         self._check_device(call.device)
-        kernel = self._kernel(cls, cand, call.device)
+        loaded = self._kernel(cls, chosen, call.device)
         if stream is None:
             stream = arrays.current_stream(arrays.DeviceArray(like.obj, like.ptr, like.shape, like.dtype, like.device,
                                                               like.shape[-1] if like.shape else 1))
-        kernel.launch(problem, pointers, int(stream))
-        self.chosen[(cls.name, problem.m, problem.n, problem.k)] = cand
+        loaded.launch(problem, pointers, int(stream))
+        self.chosen[(cls.name, problem.m, problem.n, problem.k)] = chosen.candidate
         return out_obj
 
     def matmul(self, a, b, bias=None, residual=None, activation=None, *, out=None, stream=None):

@@ -72,6 +72,7 @@ class MatrixBuild:
     limits: GpuLimits
     arch: str
     measured: calibration.Found | None = None   # the matrix profile calibrating the prior, and its GPU
+    calibration: calibration.Calibration | None = None   # the prior's calibration by that profile
 
     @property
     def ruleset(self):
@@ -90,16 +91,16 @@ def load(rules_dir: Path, base_rules, prof, hardware: hw.Hardware, hwdb_dir: Pat
     inputs = prior.inputs(hardware)
     values = prior.values(inputs)
     limits = GpuLimits.of_hardware(hardware)
-    measured, found = calibration.of_target(hwdb_dir, hardware)
+    calibrated, found = calibration.of_target(hwdb_dir, hardware)
     legalities, plans = {}, []
     for cls in prof.matmul:
         decided = semantics.decide(sem, cls.dtype, cls.epilogue, prof.preservation, prof.choice)
         legalities[cls.name] = decided
         plans.append(matrix_plan.plan_class(cls, sem, decided, values, limits,
                                             prof.preservation.tolerance[cls.dtype][0], prof.candidates_per_family,
-                                            measured))
+                                            calibrated))
     arch = build.RULES["mma"].arch(tuple(hardware.compute_capability))
-    return MatrixBuild(sem, tuple(prof.matmul), legalities, plans, inputs, limits, arch, found)
+    return MatrixBuild(sem, tuple(prof.matmul), legalities, plans, inputs, limits, arch, found, calibrated)
 
 
 def _legality_step(m: MatrixBuild, prof) -> Step:

@@ -27,7 +27,10 @@ kernel that is valid (compiled and validated on the device first if the
 instance does not carry it), so it does not wait for alternatives to be
 timed. `inst.tune()` then times the best few candidates of every shape served
 so far and keeps the fastest (`load(..., tune="first call")` does that on each
-new shape's first call instead); choices and outcomes are cached.
+new shape's first call instead); choices and outcomes are cached. A matrix
+multiply at a shape outside the workload runs the packaged kernel estimated
+fastest there; `inst.tune()` plans, compiles, validates and times realisations
+for it too (aicg/matrix/jit.py).
 `inst.jit_events` lists what that compiled, validated and timed, with times;
 `load(..., jit=False)` runs the nearest workload shape's kernel instead.
 """
@@ -43,6 +46,7 @@ from ..dtypes import DTYPES
 from ..errors import InputError
 from ..ops import OPERATORS
 from ..matrix.dispatch import MatrixKernels
+from ..matrix.jit import MatrixJit
 from ..semantics import accuracy
 from . import arrays, driver, torch_ops
 from .jit import Jit, JitError
@@ -259,7 +263,12 @@ class Instance:
         self.ops = {op: OpKernels(self, op, entries) for op, entries in by_op.items()}
         section = self.manifest.get("matrix")
         # matrix multiplies (inst.matmul, inst.linear): their kernels dispatch on layouts and shape
-        self.matrix = MatrixKernels(self.path, section, allow_unvalidated, InstanceError) if section else None
+        matrix_jit = None
+        if section and jit:
+            matrix_jit = MatrixJit(self.path, {c: k for e in section["classes"].values() for c, k in e["kernels"].items()},
+                                   key)
+            matrix_jit = matrix_jit if matrix_jit.available() else None
+        self.matrix = MatrixKernels(self.path, section, allow_unvalidated, InstanceError, matrix_jit) if section else None
         if self.matrix is not None:
             self.skipped += self.matrix.skipped
         packaged = {v["candidate"]: v for entries in by_op.values() for e in entries.values()
@@ -279,12 +288,15 @@ class Instance:
             for dtype, device, rows, cols in sorted(op.untimed):
                 op._launch_for(dtype, device, rows, cols, tune=True)
                 tuned.append((op.op.name, dtype, rows, cols))
+        if self.matrix is not None and self.matrix.jit is not None:
+            tuned += [("matmul", *shape) for shape in self.matrix.tune()]
         return tuned
 
     @property
     def jit_events(self) -> list[dict]:
-        """What the JIT compiled and validated in this process, with times."""
-        return self.jit.events if self.jit is not None else []
+        """What the JIT compiled, validated and timed in this process, with times."""
+        matrix = self.matrix.jit.events if self.matrix is not None and self.matrix.jit is not None else []
+        return (self.jit.events if self.jit is not None else []) + matrix
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self.__dict__.get("ops", {})))

@@ -261,13 +261,21 @@ def _select_step(op: str, work, candidates, prof) -> Step:
                 run, ("tasks/package.py",), upstream=upstream, targets=(out,), role="verdict")
 
 
-def planning_snapshot(layout: Layout, profile_path: Path, prof) -> dict[str, bytes]:
-    """What an instance carries to plan and compile a shape it was not tuned for (aicg/runtime/jit.py):
-    path inside the instance -> bytes."""
+def planning_snapshot(layout: Layout, profile_path: Path, prof, matrix=None) -> dict[str, bytes]:
+    """What an instance carries to plan and compile a shape it was not tuned for (aicg/runtime/jit.py,
+    aicg/matrix/jit.py): path inside the instance -> bytes."""
     files = {"source/profile.toml": Path(profile_path).read_bytes()}
     files.update({f"source/rulesets/{name}": (layout.rules / name).read_bytes() for name in ruleset_loader.FILES})
     if prof.matmul:   # only then: an instance without matrix multiplies carries what it always carried
         files[f"source/rulesets/{matrix_semantics.FILE}"] = (layout.rules / matrix_semantics.FILE).read_bytes()
+        files.update({f"source/kernels/matrix/{h.name}": h.read_bytes()
+                      for h in sorted((layout.kernels / "matrix").glob("*.cuh"))})
+        found = matrix.measured if matrix is not None else None
+        if found is not None:   # the matrix profile the plan was calibrated with (another GPU's, with its entry)
+            files[f"source/hwdb/{found.profile.path.name}"] = found.profile.path.read_bytes()
+            if found.borrowed:
+                kin = layout.hwdb / f"{found.measured_on.target}.toml"
+                files[f"source/hwdb/{kin.name}"] = kin.read_bytes()
     for path in (layout.hwdb / f"{prof.target}.toml", realisation.path_for(layout.hwdb, prof.target)):
         if path.exists():
             files[f"source/hwdb/{path.name}"] = path.read_bytes()
@@ -307,7 +315,7 @@ def load_instance(layout: Layout, profile_path: Path, build_dir: Path, store_con
     matrix = matrix_steps.load(layout.rules, rules, prof, hardware, layout.hwdb) if prof.matmul else None
     if matrix:
         steps += matrix_steps.steps(matrix, prof, hardware, layout.kernels)
-    snapshot = planning_snapshot(layout, profile_path, prof)
+    snapshot = planning_snapshot(layout, profile_path, prof, matrix)
     # built for another target, the JIT must plan for that one: its profile says so
     snapshot["source/profile.toml"] = targets.snapshot_profile(profile_path, prof)
     steps.append(packaging.package_step(prof, hardware, planned, rules, snapshot, matrix))

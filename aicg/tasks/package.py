@@ -162,7 +162,8 @@ def _prior_record(prof, snapshot: dict[str, bytes]) -> dict | None:
     if data is None or prof.prior != "measured":
         return None
     provenance = json.loads(data)["provenance"]
-    headers = {path.rsplit("/", 1)[1]: b for path, b in snapshot.items() if path.startswith("source/kernels/")}
+    headers = {path.rsplit("/", 1)[1]: b for path, b in snapshot.items()
+               if path.startswith("source/kernels/") and path.count("/") == 2}   # the row families' own
     return {"profile": f"{prof.target}.realisation.json", "device": provenance["device"], "date": provenance["date"],
             "kernels_changed": realisation.kernels_changed(provenance, headers)}
 

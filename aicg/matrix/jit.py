@@ -1,0 +1,198 @@
+"""Matrix kernels for shapes outside the workload: `inst.tune()`'s part for inst.matmul and inst.linear.
+
+A call at a shape the build did not plan runs at once the packaged kernel
+estimated fastest there (aicg/matrix/dispatch.py, aicg/matrix/estimate.py):
+nothing stalls the caller. `inst.tune()` then plans each such shape as the
+build would, from what the instance carries in source/ (its profile, rule
+sets, hwdb entry, matrix profile and kernel headers): of the realisations the
+calibrated prior ranks first there (TUNED_CANDIDATES), it compiles those the
+instance does not carry (NVRTC), validates each on the device as the build
+does (the awkward problems and this shape, in a worker process:
+aicg/matrix/validation.py), times them and the kernel running now at the
+shape, and keeps the fastest valid one for that shape.
+
+Cubins and their outcomes are kept in <instance>/jit/matrix/ under their
+compile key (the validation per GPU), and the choice per GPU, class and shape
+with its times; each record is signed where a signing key is configured and
+read only when signed with it. A later process neither compiles, validates
+nor times them again. Without the target GPU nothing is validated, nothing is
+chosen, and the calls keep their packaged kernels.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import cas, digest, trust
+from .problem import Problem
+from .space import Realisation
+
+# What planning, compiling and validating import is loaded when tune() first needs it, not with
+# every instance (aicg.load stays as quick as before).
+
+TUNED_CANDIDATES = 3     # the calibrated prior's first realisations compiled, validated and timed at a shape
+
+
+class MatrixJitError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel to run at a shape: packaged (`cubin` None: the instance's own) or compiled by the JIT."""
+    candidate: str
+    realisation: Realisation
+    cubin: bytes | None = None
+
+
+@dataclass
+class MatrixJit:
+    instance_dir: Path
+    packaged: dict[str, dict]            # candidate id -> its manifest entry (realisation, cubin, resources)
+    signing_key: bytes | None = None
+    events: list[dict] = field(default_factory=list)
+    _planned: tuple | None = None
+
+    @property
+    def source(self) -> Path:
+        return self.instance_dir / "source"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.instance_dir / "jit" / "matrix"
+
+    def available(self) -> bool:
+        return (self.source / "profile.toml").is_file() and (self.source / "rulesets" / "matrix.toml").is_file()
+
+    def planned(self):
+        """(the matrix build as the instance's snapshot plans it, the planning inputs)."""
+        if self._planned is None:
+            from .. import planning
+            from . import steps
+            if not self.available():
+                raise MatrixJitError(f"{self.source}: no planning snapshot of the matrix family; rebuild the "
+                                     f"instance to tune shapes outside its workload")
+            inputs = planning.load(self.source / "rulesets", self.source / "profile.toml", self.source / "hwdb")
+            matrix = steps.load(self.source / "rulesets", inputs.rules, inputs.prof, inputs.hardware,
+                                self.source / "hwdb")
+            self._planned = (matrix, inputs)
+        return self._planned
+
+    def ranked(self, class_name: str, problem: Problem) -> list:
+        """The realisations the build would plan at `problem` for the class, predicted fastest first."""
+        from . import plan, prior
+        matrix, inputs = self.planned()
+        workload = next((c for c in matrix.classes if c.name == class_name), None)
+        if workload is None:
+            raise MatrixJitError(f"{self.source / 'profile.toml'}: no matrix class {class_name}")
+        cls = dataclasses.replace(workload, shapes=((problem.m, problem.n, problem.k),))
+        planned = plan.plan_class(cls, matrix.semantics, matrix.legalities[class_name], prior.values(matrix.inputs),
+                                  matrix.limits, inputs.prof.preservation.tolerance[cls.dtype][0], TUNED_CANDIDATES,
+                                  matrix.calibration)
+        return sorted(planned.candidates, key=lambda c: (c.predicted_seconds[0], c.tried, c.id))[:TUNED_CANDIDATES]
+
+    # --- records ------------------------------------------------------------------------------------
+
+    def _read(self, path: Path) -> dict | None:
+        return trust.read_json_record(path, self.signing_key)
+
+    def _write(self, path: Path, record: dict) -> None:
+        trust.write_json_record(path, record, self.signing_key)
+
+    def _choice_path(self, class_name: str, problem: Problem, gpu: str) -> Path:
+        key = digest.of_value({"class": class_name, "shape": [problem.m, problem.n, problem.k], "gpu": gpu})
+        return self.cache_dir / f"choice-{key}.json"
+
+    def compiled(self, real: Realisation) -> tuple[bytes, dict]:
+        """(cubin, record) of `real`, from the cache or compiled now; the record holds ptxas's report and
+        the validation per GPU."""
+        from .. import nvrtc, toolchain
+        from . import build, codegen, space
+        _, inputs = self.planned()
+        source = codegen.source(real)
+        headers = nvrtc.include_closure(space.templates()[real.template].header, self.source / "kernels")
+        arch = build.arch_for(real, tuple(inputs.hardware.compute_capability))
+        key = digest.of_value({"source": source, "headers": {n: digest.of_bytes(b) for n, b in headers.items()},
+                               "arch": arch, "options": list(nvrtc.OPTIONS), "toolchain": toolchain.identity()})
+        meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
+        meta = self._read(meta_path)
+        if meta is not None and cubin_path.is_file():
+            cubin = cubin_path.read_bytes()
+            if digest.of_bytes(cubin) == meta.get("cubin_digest") and isinstance(meta.get("validation"), dict):
+                return cubin, meta
+        began = time.perf_counter()
+        built = build.compile_source(real, source, f"{real.name}.cu", headers, arch)
+        meta = {"key": key, "realisation": real.as_dict(), "cubin_digest": digest.of_bytes(built.cubin),
+                "report": built.report, "compile_seconds": time.perf_counter() - began, "validation": {}}
+        cas.write_atomic(cubin_path, built.cubin)
+        self._write(meta_path, meta)
+        self.events.append({"op": "matmul", "candidate": f"matmul.{real.name}", "compiled": True,
+                            "seconds": meta["compile_seconds"]})
+        return built.cubin, meta
+
+    # --- at run time ----------------------------------------------------------------------------------
+
+    def choice(self, class_name: str, problem: Problem) -> Kernel | None:
+        """The kernel tune() chose at this shape for the target GPU, or None."""
+        if not self.available():
+            return None
+        gpu = self.planned()[1].hardware.name
+        record = self._read(self._choice_path(class_name, problem, gpu))
+        if record is None:
+            return None
+        real = Realisation.from_dict(record["realisation"])
+        if record["origin"] == "packaged":
+            return Kernel(record["candidate"], real) if record["candidate"] in self.packaged else None
+        cubin_path = self.cache_dir / f"{record['key']}.cubin"
+        meta = self._read(self.cache_dir / f"{record['key']}.json")
+        if meta is None or not cubin_path.is_file() or meta.get("validation", {}).get(gpu) != "passed":
+            return None
+        cubin = cubin_path.read_bytes()
+        if digest.of_bytes(cubin) != meta["cubin_digest"]:
+            return None
+        return Kernel(record["candidate"], real, cubin)
+
+    def tune(self, class_name: str, problem: Problem, running: Kernel) -> dict:
+        """Plan, compile, validate and time at `problem`, beside `running` (the kernel its calls run
+        now); keep the fastest valid one as the shape's choice. Returns what happened."""
+        from . import validation
+        _, inputs = self.planned()
+        hardware, repetitions = inputs.hardware, inputs.prof.timing_repetitions
+        shape = (problem.m, problem.n, problem.k)
+        tried: dict[str, dict] = {}
+        entries = {running.candidate: running.realisation}
+        for cand in self.ranked(class_name, problem):
+            entries.setdefault(cand.id, cand.real)
+        began = time.perf_counter()
+        for cand_id, real in entries.items():
+            if cand_id in self.packaged:
+                entry = self.packaged[cand_id]
+                cubin = (self.instance_dir / entry["cubin"]).read_bytes()
+                if digest.of_bytes(cubin) != entry["cubin_digest"]:
+                    raise MatrixJitError(f"{self.instance_dir / entry['cubin']}: digest does not match the manifest")
+                report, meta = entry["resources"], None
+            else:
+                cubin, meta = self.compiled(real)
+                report = meta["report"]
+            outcome = validation.validate_on_device(real, cubin, report, hardware, [shape], repetitions)
+            if meta is not None and outcome["status"] in ("passed", "failed"):
+                meta["validation"][hardware.name] = outcome["status"]
+                self._write(self.cache_dir / f"{meta['key']}.json", meta)
+            seconds = outcome["timings"][0]["median_seconds"] if outcome["status"] == "passed" else None
+            tried[cand_id] = {"status": outcome["status"], "reason": outcome.get("reason"), "seconds": seconds,
+                              "origin": "packaged" if meta is None else "jit", "key": meta and meta["key"],
+                              "realisation": real.as_dict()}
+        timed = {c: t for c, t in tried.items() if t["seconds"] is not None}
+        event = {"op": "matmul", "class": class_name, "shape": list(shape), "seconds": time.perf_counter() - began,
+                 "tried": {c: {k: t[k] for k in ("status", "reason", "seconds")} for c, t in tried.items()}}
+        if timed:
+            fastest = min(timed, key=lambda c: (timed[c]["seconds"], c))
+            best = timed[fastest]
+            self._write(self._choice_path(class_name, problem, hardware.name),
+                        {"candidate": fastest, "origin": best["origin"], "key": best["key"],
+                         "realisation": best["realisation"], "timed": {c: t["seconds"] for c, t in timed.items()}})
+            event["chosen"] = fastest
+        self.events.append(event)
+        return event
