@@ -1,8 +1,8 @@
 """GPU tests of the matrix family in the build graph: `doit build target=auto` of a profile with
 [[matmul]] classes validates and times every planned candidate on this machine's GPU, packages
 only validated kernels, and inst.matmul / inst.linear match float64 within the profile's
-tolerance at the workload shapes, at shapes outside it (the nearest kernel that takes them) and
-with the epilogue fused.
+tolerance at the workload shapes, at shapes outside it (the packaged kernel estimated fastest,
+then what inst.tune() chose there) and with the epilogue fused.
 
 Skipped without a GPU that hwdb/ has an entry for; run on a GPU node with
 `pytest -m gpu tests/test_gpu_matrix_build.py`.
@@ -131,3 +131,27 @@ def test_float16_bias_gelu_residual_fused(built):
         y = inst.matmul(a, w.t(), bias=bias, residual=residual, activation="gelu_erf")
         torch.cuda.synchronize()
     _assert_close(torch, y, *_reference(torch, a, w.t(), bias, residual, "gelu_erf"), "float16")
+
+
+def test_tune_chooses_a_validated_kernel_for_a_shape_outside_the_workload_and_it_stays_right(built, tmp_path):
+    torch = pytest.importorskip("torch")
+    import shutil
+
+    import aicg
+    root = shutil.copytree(built[0], tmp_path / built[0].name)      # a JIT cache of its own
+    inst = aicg.load(root)
+    x = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(1536, 1024, device="cuda") / 32).to(torch.bfloat16)
+    reference = _reference(torch, x, w.t())
+    with torch.no_grad():
+        first = inst.linear(x, w)
+        torch.cuda.synchronize()
+        _assert_close(torch, first, *reference, "bfloat16")
+        assert inst.tune() == [("matmul", "matmul.bfloat16.kk.plain", 300, 1536, 1024)]
+        (event,) = [e for e in inst.jit_events if "tried" in e]
+        assert event["tried"][event["chosen"]]["status"] == "passed", event
+        tuned = inst.linear(x, w)
+        torch.cuda.synchronize()
+        _assert_close(torch, tuned, *reference, "bfloat16")
+        later = aicg.load(root)                     # a later process: nothing compiled, validated or timed
+        assert torch.equal(later.linear(x, w), tuned) and later.tune() == [] and later.jit_events == []
