@@ -27,10 +27,11 @@ def instance_copy(project, tmp_path):
 
 
 def kernels_of(root, key=None) -> dispatch.MatrixKernels:
-    section = json.loads((root / "manifest.json").read_text())["matrix"]
+    manifest = json.loads((root / "manifest.json").read_text())
+    section = manifest["matrix"]
     packaged = {c: k for e in section["classes"].values() for c, k in e["kernels"].items()}
     return dispatch.MatrixKernels(root, section, allow_unvalidated=False,
-                                  jit=jit.MatrixJit(root, packaged, key))
+                                  jit=jit.MatrixJit(root, packaged, manifest["target"]["name"], key))
 
 
 def plain_class(kernels):
@@ -56,6 +57,7 @@ def test_without_the_gpu_tune_compiles_what_the_instance_lacks_and_chooses_nothi
     kernels = kernels_of(root)
     running = kernels.pick(plain_class(kernels), OFF, POINTERS)
     assert running.candidate in plain_class(kernels).usable and list(kernels.untuned) == [(PLAIN, 300, 4096, 4096)]
+    assert kernels.jit._planned is None        # the call ran its packaged kernel without planning anything
     assert kernels.tune() == [(PLAIN, 300, 4096, 4096)] and not kernels.untuned
     ranked = kernels.jit.ranked(PLAIN, OFF)
     lacking = [c.id for c in ranked if c.id not in kernels.jit.packaged]
@@ -108,7 +110,7 @@ def test_with_the_gpu_tune_keeps_the_fastest_valid_kernel_for_later_processes(va
     if failing and failing not in kernels.jit.packaged:
         real = next(c.real for c in ranked if c.id == failing)
         _, meta = kernels.jit.compiled(real)
-        assert meta["validation"] == {kernels.jit.planned()[1].hardware.name: "failed"}
+        assert meta["validation"] == {kernels.jit.gpu: "failed"}
     # a JIT cubin that no longer matches its record is not run
     (cubin_path,) = [p for p in (root / "jit/matrix").glob("*.cubin")
                      if p.read_bytes() == chosen.cubin]

@@ -51,6 +51,7 @@ class Kernel:
 class MatrixJit:
     instance_dir: Path
     packaged: dict[str, dict]            # candidate id -> its manifest entry (realisation, cubin, resources)
+    gpu: str                             # the target's name (the manifest's): choices are kept per GPU
     signing_key: bytes | None = None
     events: list[dict] = field(default_factory=list)
     _planned: tuple | None = None
@@ -136,10 +137,8 @@ class MatrixJit:
 
     def choice(self, class_name: str, problem: Problem) -> Kernel | None:
         """The kernel tune() chose at this shape for the target GPU, or None."""
-        if not self.available():
-            return None
-        gpu = self.planned()[1].hardware.name
-        record = self._read(self._choice_path(class_name, problem, gpu))
+        gpu = self.gpu
+        record = self._read(self._choice_path(class_name, problem, gpu)) if self.available() else None
         if record is None:
             return None
         real = Realisation.from_dict(record["realisation"])
@@ -160,6 +159,8 @@ class MatrixJit:
         from . import validation
         _, inputs = self.planned()
         hardware, repetitions = inputs.hardware, inputs.prof.timing_repetitions
+        if hardware.name != self.gpu:
+            raise MatrixJitError(f"{self.source}: plans for {hardware.name}, but the instance was built for {self.gpu}")
         shape = (problem.m, problem.n, problem.k)
         tried: dict[str, dict] = {}
         entries = {running.candidate: running.realisation}

@@ -266,7 +266,7 @@ class Instance:
         matrix_jit = None
         if section and jit:
             matrix_jit = MatrixJit(self.path, {c: k for e in section["classes"].values() for c, k in e["kernels"].items()},
-                                   key)
+                                   self.manifest["target"]["name"], key)
             matrix_jit = matrix_jit if matrix_jit.available() else None
         self.matrix = MatrixKernels(self.path, section, allow_unvalidated, InstanceError, matrix_jit) if section else None
         if self.matrix is not None:
