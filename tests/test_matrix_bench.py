@@ -105,6 +105,8 @@ def test_the_grid_times_at_each_shape_what_the_calibrated_prior_ranks_first_ther
     tops = made.candidates("wgmma", "k", "k")[:1]
     few_tiles = made.shape_candidates(Problem(128, 4096, 4096), tops, predicted)
     assert few_tiles[0] == tops[0] and len(few_tiles) <= 1 + made.args.grid_ranked
+    wide_decode = made.shape_candidates(Problem(1, 28672, 4096), tops, predicted)
+    assert [r.template for r in wide_decode].count("gemv") == 1        # the decode kernel's first, at least
     assert any(r.template == "wgmma" and r.knob("split_k") > 1 for r in few_tiles)   # 16 tiles of 128 x 256
     decode = made.shape_candidates(Problem(1, 4096, 4096), tops, predicted)
     assert any(r.template == "gemv" for r in decode)

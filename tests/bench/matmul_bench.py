@@ -26,8 +26,8 @@ aicg/matrix/worker.py):
           PyTorch, F.linear with its bias (cuBLASLt epilogue) and torch.compile
   grid    M x (N, K) of Llama-3-8B's projections (F.linear weights), the best square
           realisations (or, with --grid-all, every one) and the first --grid-ranked (4) as
-          the GPU's calibrated matrix prior ranks them at that shape (without an hwdb entry:
-          every decode realisation where M <= 16);
+          the GPU's calibrated matrix prior ranks them at that shape, with the decode kernel's
+          first where M <= 16 (without an hwdb entry: every decode realisation there);
           each case's ratio to cuBLAS printed as it comes, the decode rows against the copy
           bandwidth measured in this run
 The target is the GPU present (its compute capability picks the realisations). Every
@@ -398,14 +398,15 @@ class Bench:
     def shape_candidates(self, problem: Problem, tops: list[Realisation], predicted) -> list[Realisation]:
         """What the grid times at `problem`: `tops`, and the first --grid-ranked valid K-major
         realisations that take it as the calibrated prior ranks them there (the plan's choice at that
-        shape); without a prior, `tops` and every decode realisation where M <= 16."""
+        shape) with the decode kernel's first among them where it takes the shape; without a prior,
+        `tops` and every decode realisation where M <= 16."""
         pool = [r for t in ("wgmma", "mma", "gemv") for r in self.candidates(t, "k", "k")
                 if RULES[r.template].unsupported(r, problem) is None and self.worth_timing(r, problem)]
         if predicted is None:
-            ranked = [r for r in pool if r.template == "gemv"]
-        else:
-            ranked = sorted(pool, key=lambda r: (predicted(r, problem), r.name))[:self.args.grid_ranked]
-        return list(dict.fromkeys(tops + ranked))
+            return list(dict.fromkeys(tops + [r for r in pool if r.template == "gemv"]))
+        ranked = sorted(pool, key=lambda r: (predicted(r, problem), r.name))
+        decode = [r for r in ranked if r.template == "gemv"][:1]
+        return list(dict.fromkeys(tops + ranked[:self.args.grid_ranked] + decode))
 
     def worth_timing(self, real: Realisation, problem: Problem) -> bool:
         """Split-K pays only where a problem's tiles leave SMs idle; elsewhere it only adds the
