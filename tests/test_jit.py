@@ -248,3 +248,31 @@ def test_a_new_shape_is_validated_on_its_whole_rows_and_as_many_rows_as_a_full_a
     for params in (block, warps, {"topology": "cluster4", "threads": 256}, {"topology": "block_prefetch", "threads": 256}):
         rows, _ = jit_mod.validation_shape(params, 4096, 12288)
         assert rows * 12288 <= jit_mod.VALIDATION_ELEMENTS
+
+
+def test_the_validator_is_readied_before_a_compile_and_not_for_a_cached_kernel(instance_dir, tmp_path):
+    readied = []
+
+    def passing(cubin, params, shape):
+        return {"status": "passed", "reason": ""}
+    passing.prepare = lambda: readied.append(len(readied))
+    made = fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing)
+    assert made.origin == "compiled" and readied == [0]
+    again = fresh_jit(instance_dir, tmp_path).kernel_for("softmax", "float32", *NEW_SHAPE, validate=passing)
+    assert again.origin == "jit cache" and readied == [0]
+
+
+def test_the_validation_worker_is_started_ahead_once_and_only_where_a_gpu_is(monkeypatch):
+    from aicg.runtime import instance as instance_mod
+    from aicg.validate import isolated
+    calls = []
+    monkeypatch.setattr(instance_mod, "_worker_started", [])
+    monkeypatch.setattr(isolated.worker, "call", lambda target, *a, **k: calls.append(target))
+    monkeypatch.setattr(instance_mod.driver, "probe_device", lambda ordinal=0: None)
+    instance_mod._start_validation_worker()
+    assert instance_mod._worker_started == [] and calls == []
+    monkeypatch.setattr(instance_mod.driver, "probe_device", lambda ordinal=0: types.SimpleNamespace(name="gpu"))
+    instance_mod._start_validation_worker()
+    instance_mod._start_validation_worker()
+    instance_mod._worker_started[0].join(5)
+    assert calls == ["aicg.validate:local_device_state"]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from pathlib import Path
 
 from .. import codegen, digest, trust
@@ -159,6 +160,7 @@ class OpKernels:
             settings = validate.settings(planned.prof, dtype, (), (shape,), longest_row=longest)
             report = validate.validate_on_device(cubin, planned.hardware, self.op.name, dtype, params, **settings)
             return {"status": report["status"], "reason": validate.why_failed(report)}
+        run.prepare = _start_validation_worker
         return run
 
     def _timer(self, dtype: str):
@@ -229,6 +231,24 @@ def _signing_key(given: bytes | None) -> bytes | None:
 
 
 TUNE_MODES = ("explicit", "first call")
+_worker_started: list = []
+
+
+def _start_validation_worker() -> None:
+    """Start the process validations run in (aicg/validate/isolated.py) and its CUDA context, in the
+    background, once: a JIT compiling its first kernel of the process then validates it without
+    waiting for an interpreter, its imports and a context to start (they take about as long as NVRTC)."""
+    if _worker_started or driver.probe_device() is None:
+        return
+    from ..validate import isolated
+
+    def start() -> None:
+        try:
+            isolated.worker.call("aicg.validate:local_device_state")
+        except Exception as err:      # the validation itself starts a worker again and reports what fails
+            log.debug("aicg: the validation worker did not start ahead: %s", err)
+    _worker_started.append(threading.Thread(target=start, name="aicg validation worker start", daemon=True))
+    _worker_started[0].start()
 
 
 class Instance:

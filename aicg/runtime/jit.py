@@ -207,7 +207,8 @@ class Jit:
             if digest.of_bytes(cubin) != entry["cubin_digest"]:
                 raise JitError(f"{self.instance_dir / entry['cubin']}: digest does not match the manifest")
             return JitKernel(cand.id, cand.params, cubin, "packaged", "passed")
-        cubin, meta, origin = self._cached_or_compiled(cand, planned)
+        # a kernel compiled now is validated next: the validator may get ready meanwhile
+        cubin, meta, origin = self._cached_or_compiled(cand, planned, getattr(validate, "prepare", None))
         if _spill_unseen(cand, meta["resources"]):
             return None
         status = meta["validation"].get(planned.hardware.name)
@@ -240,8 +241,9 @@ class Jit:
                                     cand.params, planned.hardware.fact("registers_per_sm"))
         return source, headers, arch, key
 
-    def _cached_or_compiled(self, cand, planned):
-        """(cubin, metadata, origin); the metadata holds ptxas's resource report."""
+    def _cached_or_compiled(self, cand, planned, before_compiling=None):
+        """(cubin, metadata, origin); the metadata holds ptxas's resource report. `before_compiling()`
+        is called where the kernel is not in the cache, before NVRTC runs."""
         source, headers, arch, key = self._compile_inputs(cand, planned)
         meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
         meta = self._read_record(meta_path)
@@ -250,6 +252,8 @@ class Jit:
             if digest.of_bytes(cubin) == meta.get("cubin_digest") and isinstance(meta.get("validation"), dict):
                 return cubin, meta, "jit cache"
             log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
+        if before_compiling is not None:
+            before_compiling()
         began = time.perf_counter()
         cubin, resources, _log = occupancy.compile_candidate(source, f"src/{cand.id}.cu", headers, arch, cand.params,
                                                              planned.hardware.fact("registers_per_sm"))
