@@ -142,3 +142,23 @@ def test_the_instance_tunes_its_matrix_shapes_with_its_rows(validated, tmp_path,
     assert any("tried" in e for e in inst.jit_events)
     assert aicg.load(root, jit=False).matrix.jit is None
 
+
+
+def test_a_choice_record_naming_files_outside_the_cache_or_another_kernel_is_not_run(validated, tmp_path,  # noqa: F811
+                                                                                     monkeypatch):
+    root = instance_copy(validated[0], tmp_path)
+    kernels = kernels_of(root)
+    ranked = kernels.jit.ranked(PLAIN, OFF)
+    monkeypatch.setattr(validation, "validate_on_device", passing({ranked[-1].id: 1e-5}))
+    running = kernels.pick(plain_class(kernels), OFF, POINTERS)
+    kernels.tune()
+    path = kernels.jit._choice_path(PLAIN, OFF, kernels.jit.gpu)
+    record = json.loads(path.read_text())
+    (tmp_path / "outside.cubin").write_bytes(b"x")
+    for hostile in ({**record, "origin": "jit", "key": "../../../outside"},
+                    {**record, "origin": "packaged", "candidate": "matmul.not.packaged"},
+                    {**record, "origin": "jit", "candidate": running.candidate} if record["origin"] == "jit" else
+                    {**record, "origin": "elsewhere"}):
+        path.write_text(json.dumps(hostile))
+        later = kernels_of(root)
+        assert later.pick(plain_class(later), OFF, POINTERS).candidate == running.candidate, hostile

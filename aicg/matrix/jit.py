@@ -21,6 +21,8 @@ chosen, and the calls keep their packaged kernels.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,8 @@ from .space import Realisation
 # every instance (aicg.load stays as quick as before).
 
 TUNED_CANDIDATES = 3     # the calibrated prior's first realisations compiled, validated and timed at a shape
+COMPILE_KEY = re.compile(r"[0-9a-f]{16,128}")   # digest.of_value's hex: a record's key names files, nothing else
+log = logging.getLogger("aicg.jit")
 
 
 class MatrixJitError(RuntimeError):
@@ -136,22 +140,30 @@ class MatrixJit:
     # --- at run time ----------------------------------------------------------------------------------
 
     def choice(self, class_name: str, problem: Problem) -> Kernel | None:
-        """The kernel tune() chose at this shape for the target GPU, or None."""
-        gpu = self.gpu
-        record = self._read(self._choice_path(class_name, problem, gpu)) if self.available() else None
+        """The kernel tune() chose at this shape for the target GPU, or None (none, or a record that
+        does not check out: a packaged kernel the manifest lacks, a compiled one whose record, cubin
+        or validation on this GPU does not hold)."""
+        record = self._read(self._choice_path(class_name, problem, self.gpu)) if self.available() else None
         if record is None:
             return None
-        real = Realisation.from_dict(record["realisation"])
-        if record["origin"] == "packaged":
-            return Kernel(record["candidate"], real) if record["candidate"] in self.packaged else None
-        cubin_path = self.cache_dir / f"{record['key']}.cubin"
-        meta = self._read(self.cache_dir / f"{record['key']}.json")
-        if meta is None or not cubin_path.is_file() or meta.get("validation", {}).get(gpu) != "passed":
+        candidate, origin, key = record.get("candidate"), record.get("origin"), record.get("key")
+        if origin == "packaged":
+            entry = self.packaged.get(candidate)
+            return Kernel(candidate, Realisation.from_dict(entry["realisation"])) if entry else None
+        if origin != "jit" or not isinstance(key, str) or not COMPILE_KEY.fullmatch(key):
+            log.warning("aicg: %s is not a choice this JIT writes; the shape keeps its packaged kernel",
+                        self._choice_path(class_name, problem, self.gpu))
+            return None
+        meta = self._read(self.cache_dir / f"{key}.json")
+        cubin_path = self.cache_dir / f"{key}.cubin"
+        if meta is None or not cubin_path.is_file() or meta.get("validation", {}).get(self.gpu) != "passed":
             return None
         cubin = cubin_path.read_bytes()
-        if digest.of_bytes(cubin) != meta["cubin_digest"]:
+        if digest.of_bytes(cubin) != meta.get("cubin_digest"):
+            log.warning("aicg: %s does not match its digest; the shape keeps its packaged kernel", cubin_path)
             return None
-        return Kernel(record["candidate"], real, cubin)
+        real = Realisation.from_dict(meta["realisation"])
+        return Kernel(f"matmul.{real.name}", real, cubin) if f"matmul.{real.name}" == candidate else None
 
     def tune(self, class_name: str, problem: Problem, running: Kernel) -> dict:
         """Plan, compile, validate and time at `problem`, beside `running` (the kernel its calls run
