@@ -9,6 +9,8 @@
 #                             entry's name; TARGET= builds each profile for its own target)
 #   GPU_TESTS="tests/test_gpu.py ..."  GRID_SECONDS=300  GRID_SELECT="4194304x1 or 1x65536" (a -k expression)
 #   FLUSHES="read write"     (each bench once per L2 flush, AICG_BENCH_FLUSH: test_memory_bound.py's docstring)
+#   FIRST_CALL_SECONDS=180   (tests/bench/first_call.py on the first profile's instance: the JIT's first result
+#                             of untuned shapes beside Triton's; $OUT/first_call.json)
 #   PHASES="rmsnorm_tree.bfloat16.t512.v16.block.c4 ..."  PHASES_SHAPE=1x4096   (tests/bench/phases.py first)
 #   CHECK="ID ..."  CHECK_KERNELS="trials/<commit>/kernels ..."  CHECK_FLAGS="--quick --same-bits"
 #                            (then check_candidates.py: each ID built with kernels/ and each trial's headers,
@@ -58,6 +60,11 @@ bench() {   # bench SUITE SECONDS [-k EXPRESSION]: stopped at the limit; the JSO
   done
 }
 bench acceptance "${ACCEPTANCE_SECONDS:-120}"
+if [ "${FIRST_CALL_SECONDS:-0}" -gt 0 ]; then
+  timeout "$FIRST_CALL_SECONDS" python3 tests/bench/first_call.py "${instances[0]}" --json "$OUT/first_call.json" 2>&1 \
+    | tee "$LOGS/first_call.log" | tail -20
+  keep_logs
+fi
 if [ -n "${GPU_TESTS:-}" ]; then
   timeout "${GPU_TEST_SECONDS:-200}" python3 -m pytest -m gpu $GPU_TESTS -q -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log" | tail -15
   keep_logs
