@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import aicg
+from aicg import hw
 from aicg.ops import OPERATORS
 from aicg.runtime import torch_ops
 from doit_project import REPO, profile_text
@@ -35,7 +36,9 @@ def make_instance(root: Path, ops=ALL_OPS, dtypes=("float32", "bfloat16"), name:
     shutil.copy(REPO / "hwdb/nvidia-h200.toml", source / "hwdb")
     (source / "profile.toml").write_text(profile_text(ops=ops, dtypes=dtypes, preservation=preservation))
     kernels = {f"{op}.{d}": {"op": op, "dtype": d, "validation": "passed"} for op in ops for d in dtypes}
-    (root / "manifest.json").write_text(json.dumps({"instance": name, "kernels": kernels}))
+    target = hw.load(REPO / "hwdb/nvidia-h200.toml")
+    (root / "manifest.json").write_text(json.dumps({"instance": name, "kernels": kernels,
+                                                    "target": {"name": target.name, "arch": target.arch}}))
     return root
 
 

@@ -68,8 +68,14 @@ class MatrixJit:
     def cache_dir(self) -> Path:
         return self.instance_dir / "jit" / "matrix"
 
+    @staticmethod
+    def carried_by(instance_dir: Path) -> bool:
+        """Whether the instance carries what the matrix JIT plans with (source/ with the matrix rule set)."""
+        source = Path(instance_dir) / "source"
+        return (source / "profile.toml").is_file() and (source / "rulesets" / "matrix.toml").is_file()
+
     def available(self) -> bool:
-        return (self.source / "profile.toml").is_file() and (self.source / "rulesets" / "matrix.toml").is_file()
+        return self.carried_by(self.instance_dir)
 
     def planned(self):
         """(the matrix build as the instance's snapshot plans it, the planning inputs)."""

@@ -284,10 +284,9 @@ class Instance:
         section = self.manifest.get("matrix")
         # matrix multiplies (inst.matmul, inst.linear): their kernels dispatch on layouts and shape
         matrix_jit = None
-        if section and jit:
+        if section and jit and MatrixJit.carried_by(self.path):
             matrix_jit = MatrixJit(self.path, {c: k for e in section["classes"].values() for c, k in e["kernels"].items()},
                                    self.manifest["target"]["name"], key)
-            matrix_jit = matrix_jit if matrix_jit.available() else None
         self.matrix = MatrixKernels(self.path, section, allow_unvalidated, InstanceError, matrix_jit) if section else None
         if self.matrix is not None:
             self.skipped += self.matrix.skipped
