@@ -300,8 +300,10 @@ class Instance:
 
     def tune(self) -> list[tuple]:
         """Time the best few candidates of every shape the JIT has served with its first pick alone,
-        and run the fastest from now on (the choice is cached for later processes). Returns the
-        (op, dtype, rows, cols) it tuned. Call it where a pause is affordable: after a warm-up pass."""
+        and run the fastest from now on (the choice is cached for later processes); likewise for the
+        matrix multiplies called at shapes outside the workload (aicg/matrix/jit.py: planned,
+        compiled and validated first). Returns the (op, dtype, rows, cols) and ("matmul", class, m,
+        n, k) it tuned. Call it where a pause is affordable: after a warm-up pass."""
         tuned = []
         for op in self.ops.values():
             for dtype, device, rows, cols in sorted(op.untimed):
