@@ -67,6 +67,8 @@ def test_without_the_gpu_tune_compiles_what_the_instance_lacks_and_chooses_nothi
     assert set(tuned["tried"]) == {running.candidate, *(c.id for c in ranked)} and "chosen" not in tuned
     assert {t["status"] for t in tuned["tried"].values()} == {"unvalidated"}
     assert kernels.tuned[(PLAIN, 300, 4096, 4096)] is None
+    kernels.pick(plain_class(kernels), OFF, POINTERS)
+    assert kernels.tune() == []           # tried once in this process: not again until the next one
     again = kernels_of(root)
     again.pick(plain_class(again), OFF, POINTERS)
     again.tune()

@@ -306,6 +306,7 @@ class MatrixKernels:
         self.chosen: dict[tuple, str] = {}     # (class name, m, n, k) -> the kernel that ran there
         self.tuned: dict[tuple, Kernel | None] = {}      # (class name, m, n, k) -> inst.tune()'s choice there
         self.untuned: dict[tuple, tuple[ClassKernels, Kernel]] = {}   # shapes outside the workload run untimed
+        self._tune_tried: set[tuple] = set()     # shapes tune() worked on in this process, chosen or not
 
     def has(self) -> bool:
         return bool(self.classes)
@@ -358,7 +359,8 @@ class MatrixKernels:
         kernel, why = cls.choose(problem, pointers, splits, self.tuned.get(shape))
         if kernel is None:
             raise ValueError(f"no packaged kernel of {cls.name} takes {problem.name}: " + "; ".join(why))
-        if self.jit is not None and not cls.is_workload(problem) and self.tuned.get(shape) is None:
+        if (self.jit is not None and not cls.is_workload(problem) and self.tuned.get(shape) is None
+                and shape not in self._tune_tried):
             self.untuned.setdefault(shape, (cls, kernel))
         return kernel
 
@@ -371,6 +373,7 @@ class MatrixKernels:
             problem = _packed(Problem(*shape[1:], *_class_of(cls)))
             self.jit.tune(cls.name, problem, running)
             self.tuned[shape] = self.jit.choice(cls.name, problem)
+            self._tune_tried.add(shape)
             done.append(shape)
         self.untuned = {s: v for s, v in self.untuned.items() if s not in done}
         return done
