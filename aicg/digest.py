@@ -44,3 +44,12 @@ def of_value(value) -> str:
 
 def of_file(path: Path) -> str:
     return of_bytes(Path(path).read_bytes())
+
+
+def read_checked(path: Path, expected: str | None) -> bytes | None:
+    """The file's bytes where their digest is `expected`; None where it is missing or differs."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    return data if of_bytes(data) == expected else None

@@ -34,7 +34,7 @@ import logging
 import os
 from pathlib import Path, PurePosixPath
 
-from . import cas
+from . import cas, digest
 from .errors import InputError
 
 log = logging.getLogger("aicg.trust")
@@ -114,6 +114,16 @@ def read_json_record(path: Path, key: bytes | None) -> dict | None:
         log.warning("aicg: %s is not signed with the configured key; it is made again", path)
         return None
     return record if isinstance(record, dict) else None
+
+
+def packaged_cubin(instance_dir: Path, entry: dict, error=RuntimeError) -> bytes:
+    """The cubin a manifest entry names (its "cubin" path in the instance), checked against the
+    entry's "cubin_digest" before anything loads it; `error` where it is missing or differs."""
+    path = Path(instance_dir) / entry["cubin"]
+    cubin = digest.read_checked(path, entry["cubin_digest"])
+    if cubin is None:
+        raise error(f"{path}: missing or its digest does not match the manifest")
+    return cubin
 
 
 def write_json_record(path: Path, record: dict, key: bytes | None) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .. import digest
+from .. import trust
 from ..runtime import arrays, driver
 from . import accuracy, estimate
 from .jit import Kernel, MatrixJit
@@ -340,12 +340,7 @@ class MatrixKernels:
         key = (kernel.candidate, device)
         if key not in self._loaded:
             from .launch import MatmulKernel
-            cubin = kernel.cubin
-            if cubin is None:
-                entry = cls.usable[kernel.candidate]
-                cubin = (self.path / entry["cubin"]).read_bytes()
-                if digest.of_bytes(cubin) != entry["cubin_digest"]:
-                    raise self.error(f"{self.path / entry['cubin']}: digest does not match the manifest")
+            cubin = kernel.cubin or trust.packaged_cubin(self.path, cls.usable[kernel.candidate], self.error)
             driver.use_primary_context(device)
             self._loaded[key] = MatmulKernel(kernel.realisation, cubin)
         return self._loaded[key]

@@ -129,10 +129,9 @@ class MatrixJit:
                                "arch": arch, "options": list(nvrtc.OPTIONS), "toolchain": toolchain.identity()})
         meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
         meta = self._read(meta_path)
-        if meta is not None and cubin_path.is_file():
-            cubin = cubin_path.read_bytes()
-            if digest.of_bytes(cubin) == meta.get("cubin_digest") and isinstance(meta.get("validation"), dict):
-                return cubin, meta
+        cubin = digest.read_checked(cubin_path, meta.get("cubin_digest")) if meta is not None else None
+        if cubin is not None and isinstance(meta.get("validation"), dict):
+            return cubin, meta
         began = time.perf_counter()
         built = build.compile_source(real, source, f"{real.name}.cu", headers, arch)
         meta = {"key": key, "realisation": real.as_dict(), "cubin_digest": digest.of_bytes(built.cubin),
@@ -161,12 +160,12 @@ class MatrixJit:
                         self._choice_path(class_name, problem, self.gpu))
             return None
         meta = self._read(self.cache_dir / f"{key}.json")
-        cubin_path = self.cache_dir / f"{key}.cubin"
-        if meta is None or not cubin_path.is_file() or meta.get("validation", {}).get(self.gpu) != "passed":
+        if meta is None or meta.get("validation", {}).get(self.gpu) != "passed":
             return None
-        cubin = cubin_path.read_bytes()
-        if digest.of_bytes(cubin) != meta.get("cubin_digest"):
-            log.warning("aicg: %s does not match its digest; the shape keeps its packaged kernel", cubin_path)
+        cubin = digest.read_checked(self.cache_dir / f"{key}.cubin", meta.get("cubin_digest"))
+        if cubin is None:
+            log.warning("aicg: %s is missing or does not match its digest; the shape keeps its packaged kernel",
+                        self.cache_dir / f"{key}.cubin")
             return None
         real = Realisation.from_dict(meta["realisation"])
         return Kernel(f"matmul.{real.name}", real, cubin) if f"matmul.{real.name}" == candidate else None
@@ -187,11 +186,8 @@ class MatrixJit:
         began = time.perf_counter()
         for cand_id, real in entries.items():
             if cand_id in self.packaged:
-                entry = self.packaged[cand_id]
-                cubin = (self.instance_dir / entry["cubin"]).read_bytes()
-                if digest.of_bytes(cubin) != entry["cubin_digest"]:
-                    raise MatrixJitError(f"{self.instance_dir / entry['cubin']}: digest does not match the manifest")
-                report, meta = entry["resources"], None
+                cubin = trust.packaged_cubin(self.instance_dir, self.packaged[cand_id], MatrixJitError)
+                report, meta = self.packaged[cand_id]["resources"], None
             else:
                 cubin, meta = self.compiled(real)
                 report = meta["report"]

@@ -121,9 +121,7 @@ class OpKernels:
                 return made
         variant = nearest_variant(entry, rows, cols)
         if (variant["cubin"], device) not in self._loaded:
-            cubin = (self.instance.path / variant["cubin"]).read_bytes()
-            if digest.of_bytes(cubin) != variant["cubin_digest"]:
-                raise InstanceError(f"{self.instance.path / variant['cubin']}: digest does not match the manifest")
+            cubin = trust.packaged_cubin(self.instance.path, variant, InstanceError)
             driver.use_primary_context(device)
             self._loaded[(variant["cubin"], device)] = driver.Kernel(cubin, entry["entry"])
         self.chosen[(dtype, rows, cols)] = variant.get("candidate", entry["candidate"])

@@ -202,10 +202,7 @@ class Jit:
     def _usable(self, cand, planned, op, dtype, rows, cols, validate) -> JitKernel | None:
         """The candidate as a kernel to run, or None where it spills unmeasured or failed validation on this GPU."""
         if cand.id in self.packaged:
-            entry = self.packaged[cand.id]
-            cubin = (self.instance_dir / entry["cubin"]).read_bytes()
-            if digest.of_bytes(cubin) != entry["cubin_digest"]:
-                raise JitError(f"{self.instance_dir / entry['cubin']}: digest does not match the manifest")
+            cubin = trust.packaged_cubin(self.instance_dir, self.packaged[cand.id], JitError)
             return JitKernel(cand.id, cand.params, cubin, "packaged", "passed")
         # a kernel compiled now is validated next: the validator may get ready meanwhile
         cubin, meta, origin = self._cached_or_compiled(cand, planned, getattr(validate, "prepare", None))
@@ -248,8 +245,8 @@ class Jit:
         meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
         meta = self._read_record(meta_path)
         if meta is not None and cubin_path.is_file():
-            cubin = cubin_path.read_bytes()
-            if digest.of_bytes(cubin) == meta.get("cubin_digest") and isinstance(meta.get("validation"), dict):
+            cubin = digest.read_checked(cubin_path, meta.get("cubin_digest"))
+            if cubin is not None and isinstance(meta.get("validation"), dict):
                 return cubin, meta, "jit cache"
             log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
         if before_compiling is not None:
