@@ -95,7 +95,7 @@ def grid_bench(bench, repo, record):
     made.info = type("Info", (), {"sm_count": 132})()
     made.reals = bench.realisations((9, 0), limits(repo, "h100-sxm"))
     made.built = {r.name: {"cubin": b"", "problems": []} for r in made.reals}
-    made.passed = {}
+    made.passed, made.square_results = {}, {}
     return made
 
 

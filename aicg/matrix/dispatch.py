@@ -211,6 +211,7 @@ class ClassKernels:
 
     def __init__(self, name: str, entry: dict, usable: dict[str, dict], model_inputs: dict):
         self.name, self.entry, self.usable, self.model_inputs = name, entry, usable, model_inputs
+        self.key = (entry["dtype"], entry["a_major"], entry["b_major"], Epilogue(**entry["epilogue"]))
         self.rtol = entry["rtol"]
         self.exact = {(d["m"], d["n"], d["k"]): d["candidate"] for d in entry["dispatch"]
                       if d["candidate"] in usable}
@@ -272,11 +273,6 @@ class ClassKernels:
                     None), why
 
 
-def _class_of(cls: ClassKernels) -> tuple:
-    e = cls.entry
-    return e["dtype"], e["a_major"], e["b_major"], Epilogue(**e["epilogue"])
-
-
 def _packed(problem: Problem) -> Problem:
     """The call's shape with tightly packed operands, as a shape is planned, validated and timed."""
     return Problem(problem.m, problem.n, problem.k, problem.dtype, problem.a_major, problem.b_major, problem.epilogue)
@@ -299,8 +295,8 @@ class MatrixKernels:
             usable = {c: k for c, k in entry["kernels"].items() if k["validation"] == "passed" or allow_unvalidated}
             self.skipped += [f"{name}: {c}" for c in entry["kernels"] if c not in usable]
             if usable:
-                key = (entry["dtype"], entry["a_major"], entry["b_major"], Epilogue(**entry["epilogue"]))
-                self.classes[key] = ClassKernels(name, entry, usable, section["model_inputs"])
+                cls = ClassKernels(name, entry, usable, section["model_inputs"])
+                self.classes[cls.key] = cls
         self._loaded: dict[tuple[str, int], object] = {}
         self._checked_devices: set[int] = set()
         self.chosen: dict[tuple, str] = {}     # (class name, m, n, k) -> the kernel that ran there
@@ -365,7 +361,7 @@ class MatrixKernels:
         there, and run the fastest valid one from now on. Returns the (class, m, n, k) it tuned."""
         done = []
         for shape, (cls, running) in sorted(self.untuned.items(), key=lambda kv: kv[0]):
-            problem = _packed(Problem(*shape[1:], *_class_of(cls)))
+            problem = Problem(*shape[1:], *cls.key)
             self.jit.tune(cls.name, problem, running)
             self.tuned[shape] = self.jit.choice(cls.name, problem)
             self._tune_tried.add(shape)

@@ -260,6 +260,7 @@ class Bench:
         self.runner = worker.Runner()
         self.table = []        # (stage, problem, kernel, aicg TFLOP/s, peer, peer TFLOP/s, verdict)
         self.passed: dict[str, set] = {}   # stage -> names that passed there
+        self.square_results: dict[tuple, list] = {}   # (size, B's layout) -> [(TFLOP/s, realisation)]
 
     def left(self) -> float:
         return self.args.budget - (time.monotonic() - self.start)
@@ -372,8 +373,8 @@ class Bench:
         best --grid-candidates of the square stage."""
         if self.args.grid_all:
             return self.candidates("wgmma", "k", "k") + self.candidates("mma", "k", "k")
-        ranked = sorted(getattr(self, "square_results", {}).get((8192, "k"), []) +
-                        getattr(self, "square_results", {}).get((4096, "k"), []), key=lambda t: -t[0])
+        ranked = sorted(self.square_results.get((8192, "k"), []) + self.square_results.get((4096, "k"), []),
+                        key=lambda t: -t[0])
         tops = []
         for _, real in ranked:
             if real not in tops:
@@ -614,7 +615,6 @@ def main(argv=None):
             bench.tiny()
         if "ragged" in args.stages:
             bench.ragged()
-        bench.square_results = {}
         if {"square", "fused", "grid"} & set(args.stages):
             peers = Peers(args.reps, args.compile)
         for stage in ("square", "fused", "grid"):
