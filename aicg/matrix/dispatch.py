@@ -345,13 +345,13 @@ class MatrixKernels:
         """The kernel for a call (ValueError where none takes it): the workload shape's, else what
         inst.tune() chose at this shape, else the packaged kernel estimated fastest, noted for tune()."""
         shape = (cls.name, problem.m, problem.n, problem.k)
-        if shape not in self.tuned and self.jit is not None and not cls.is_workload(problem):
+        tunable = self.jit is not None and not cls.is_workload(problem)
+        if tunable and shape not in self.tuned:
             self.tuned[shape] = self.jit.choice(cls.name, _packed(problem))
         kernel, why = cls.choose(problem, pointers, splits, self.tuned.get(shape))
         if kernel is None:
             raise ValueError(f"no packaged kernel of {cls.name} takes {problem.name}: " + "; ".join(why))
-        if (self.jit is not None and not cls.is_workload(problem) and self.tuned.get(shape) is None
-                and shape not in self._tune_tried):
+        if tunable and self.tuned[shape] is None and shape not in self._tune_tried:
             self.untuned.setdefault(shape, (cls, kernel))
         return kernel
 

@@ -114,18 +114,19 @@ def off_shape_picks(profile: calibration.Profile, values: dict) -> list[dict]:
     for cls, shapes in sorted(by_class.items(), key=lambda kv: str(kv[0])):
         for held in sorted(shapes):
             workload = {s: times for s, times in shapes.items() if s != held}
-            packaged = {min(times, key=lambda real: (times[real], real.name)) for times in workload.values()}
-            if not packaged:
+            # the dispatch table: each workload shape's fastest measured realisation
+            fastest = {s: min(times, key=lambda real: (times[real], real.name)) for s, times in workload.items()}
+            if not fastest:
                 continue
-            first = next(iter(packaged))
+            first = next(iter(fastest.values()))
             problem = Problem(*held, first.dtype, first.a_major, first.b_major, first.epilogue)
-            takes = [real for real in packaged if RULES[real.template].unsupported(real, problem) is None]
+            takes = sorted({real for real in fastest.values() if RULES[real.template].unsupported(real, problem) is None},
+                           key=lambda real: real.name)
             there = {real: shapes[held][real] for real in takes if real in shapes[held]}
             if len(takes) < 2 or not there:
                 continue
-            nearest = min(takes, key=lambda real: (min(_log_distance(held, s) for s, times in workload.items()
-                                                       if min(times, key=lambda x: (times[x], x.name)) == real),
-                                                   real.name))
+            nearest = min(takes, key=lambda real: (min(_log_distance(held, s) for s, pick in fastest.items()
+                                                       if pick == real), real.name))
             estimated = min(takes, key=lambda real: (estimate.seconds_at(
                 real, problem, [(s, times[real]) for s, times in workload.items() if real in times], values),
                 real.name))
