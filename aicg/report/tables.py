@@ -96,12 +96,13 @@ def _grid_line(day: list[bench.Run]) -> tuple[str, float, str] | None:
             f"{worst:.2f} at {problem.replace('x', '×')}")
 
 
-def _decode_shares(day: list[bench.Run]) -> list:
-    """(m, n, k, share of the copy bandwidth) per decode shape, each from the last run that has it."""
+def _decode_shares(day: list[bench.Run], key: str = "decode_weight_bandwidth_over_copy") -> list:
+    """(m, n, k, share) per decode shape, each from the last run that has it: by default the share of
+    the 1 GiB copy's bandwidth; with key="decode_over_same_bytes_copy", the speed of a copy that
+    moves as many bytes as the weight has, over the kernel's."""
     shares = {}
     for run in day:
-        for m, n, k, share in ((run.data.get("summary") or {}).get("grid") or {}).get(
-                "decode_weight_bandwidth_over_copy", []):
+        for m, n, k, share in ((run.data.get("summary") or {}).get("grid") or {}).get(key, []):
             shares[(m, n, k)] = share
     return [(*key, share) for key, share in sorted(shares.items())]
 
@@ -175,8 +176,12 @@ def _matrix_section(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
     if grid:
         label, mean, worst = grid
         decode = ", ".join(f"{m}×{n}×{k} {share * 100:.0f}%" for m, n, k, share in _decode_shares(day))
+        same = ", ".join(f"{m}×{n}×{k} {share * 100:.0f}%"
+                         for m, n, k, share in _decode_shares(day, "decode_over_same_bytes_copy"))
         lines += ["", f"LLM grid, {label}: geometric mean of aicg over cuBLAS {mean:.2f}, worst {worst}."
-                  + (f" Decode shapes read the weights at this share of the copy bandwidth: {decode}." if decode else "")]
+                  + (f" Decode shapes read the weights at this share of the copy bandwidth: {decode}." if decode else "")
+                  + (f" Against a copy moving the weight's bytes, timed alike (its launch and first loads "
+                     f"included): {same}." if same else "")]
     return lines
 
 
