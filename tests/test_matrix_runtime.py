@@ -11,8 +11,8 @@ import pytest
 
 import aicg
 from aicg import hw
-from aicg.matrix import dispatch, estimate, prior, space
-from aicg.matrix.dispatch import Operand
+from aicg.matrix import calls, dispatch, estimate, prior, space
+from aicg.matrix.calls import Operand
 from aicg.matrix.problem import Problem
 from aicg.matrix.space import Epilogue
 from doit_project import REPO
@@ -21,7 +21,7 @@ BF16 = "bfloat16"
 
 
 def operand(shape, strides=None, dtype=BF16, ptr=1 << 20, device=0):
-    return Operand(None, ptr, tuple(shape), tuple(strides) if strides else dispatch._dense_strides(shape), dtype,
+    return Operand(None, ptr, tuple(shape), tuple(strides) if strides else calls.dense_strides(shape), dtype,
                    device)
 
 
@@ -33,54 +33,54 @@ def transposed(rows, cols, **kw):
 # --- layouts and argument checks ------------------------------------------------------------
 
 def test_linear_reads_f_linear_weights_as_k_major_b():
-    call = dispatch.linear_call(operand((4, 4096)), operand((6144, 4096)), operand((6144,)))
+    call = calls.linear_call(operand((4, 4096)), operand((6144, 4096)), operand((6144,)))
     (p,) = call.problems
     assert (p.m, p.n, p.k, p.a_major, p.b_major, p.lda, p.ldb) == (4, 6144, 4096, "k", "k", 4096, 4096)
     assert p.epilogue == Epilogue(bias=True) and call.out_shape == (4, 6144)
 
 
 def test_matmul_reads_each_operand_layout_from_its_strides():
-    row_b = dispatch.matmul_call(operand((8, 64)), operand((64, 32)), None, None, None).problems
+    row_b = calls.matmul_call(operand((8, 64)), operand((64, 32)), None, None, None).problems
     assert [(p.a_major, p.b_major, p.ldb) for p in row_b] == [("k", "mn", 32)]
-    weight_t = dispatch.matmul_call(operand((8, 64)), transposed(64, 32), None, None, "silu").problems
+    weight_t = calls.matmul_call(operand((8, 64)), transposed(64, 32), None, None, "silu").problems
     assert [(p.a_major, p.b_major, p.ldb, p.epilogue.activation) for p in weight_t] == [("k", "k", 64, "silu")]
-    col_a = dispatch.matmul_call(transposed(8, 64), operand((64, 32)), None, None, None).problems
+    col_a = calls.matmul_call(transposed(8, 64), operand((64, 32)), None, None, None).problems
     assert [(p.a_major, p.lda) for p in col_a] == [("mn", 8)]
-    wide = dispatch.matmul_call(operand((8, 64), (80, 1)), operand((64, 32), (40, 1)), None, None, None).problems
+    wide = calls.matmul_call(operand((8, 64), (80, 1)), operand((64, 32), (40, 1)), None, None, None).problems
     assert [(p.lda, p.ldb) for p in wide] == [(80, 40)]
 
 
 def test_batched_rows_and_a_single_row_are_rows_of_k():
-    call = dispatch.matmul_call(operand((2, 3, 64)), operand((64, 16)), None, operand((2, 3, 16)), "gelu_erf")
+    call = calls.matmul_call(operand((2, 3, 64)), operand((64, 16)), None, operand((2, 3, 16)), "gelu_erf")
     assert call.out_shape == (2, 3, 16) and {(p.m, p.ldr) for p in call.problems} == {(6, 16)}
-    single = dispatch.matmul_call(operand((1, 64)), operand((64, 16)), None, None, None).problems
+    single = calls.matmul_call(operand((1, 64)), operand((64, 16)), None, None, None).problems
     assert {(p.m, p.a_major) for p in single} == {(1, "k"), (1, "mn")}   # either reading; the instance's class wins
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: dispatch.matmul_call(operand((8, 64), dtype="float32"), operand((64, 32), dtype="float32"), None, None,
+    (lambda: calls.matmul_call(operand((8, 64), dtype="float32"), operand((64, 32), dtype="float32"), None, None,
                                   None), "a: expected bfloat16 or float16"),
-    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32), dtype="float16"), None, None, None),
+    (lambda: calls.matmul_call(operand((8, 64)), operand((64, 32), dtype="float16"), None, None, None),
      "b: expected dtype bfloat16"),
-    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32), device=1), None, None, None),
+    (lambda: calls.matmul_call(operand((8, 64)), operand((64, 32), device=1), None, None, None),
      "b: expected an array on GPU 0"),
-    (lambda: dispatch.matmul_call(operand((8, 64)), operand((65, 32)), None, None, None),
+    (lambda: calls.matmul_call(operand((8, 64)), operand((65, 32)), None, None, None),
      "b: expected shape (64, N) for a of shape (8, 64), got (65, 32)"),
-    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32), (64, 2)), None, None, None),
+    (lambda: calls.matmul_call(operand((8, 64)), operand((64, 32), (64, 2)), None, None, None),
      "b: expected a row-major matrix or the transpose of one"),
-    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32)), operand((31,)), None, None),
+    (lambda: calls.matmul_call(operand((8, 64)), operand((64, 32)), operand((31,)), None, None),
      "bias: expected a contiguous vector of shape (32,)"),
-    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32)), operand((32,), (2,)), None, None),
+    (lambda: calls.matmul_call(operand((8, 64)), operand((64, 32)), operand((32,), (2,)), None, None),
      "bias: expected a contiguous vector of shape (32,)"),
-    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32)), None, operand((32, 8)), None),
+    (lambda: calls.matmul_call(operand((8, 64)), operand((64, 32)), None, operand((32, 8)), None),
      "residual: expected the output's shape (8, 32)"),
-    (lambda: dispatch.matmul_call(operand((8, 64)), operand((64, 32)), None, None, "relu"),
+    (lambda: calls.matmul_call(operand((8, 64)), operand((64, 32)), None, None, "relu"),
      "activation: expected None or one of 'gelu_tanh', 'gelu_erf', 'silu', got 'relu'"),
-    (lambda: dispatch.matmul_call(operand((8, 0)), operand((0, 32)), None, None, None),
+    (lambda: calls.matmul_call(operand((8, 0)), operand((0, 32)), None, None, None),
      "k = 0: expected at least one term"),
-    (lambda: dispatch.linear_call(operand((8, 64)), operand((32, 65)), None),
+    (lambda: calls.linear_call(operand((8, 64)), operand((32, 65)), None),
      "weight: expected shape (N, 64) for x of shape (8, 64), got (32, 65)"),
-    (lambda: dispatch.linear_call(operand((8, 64), dtype="float64"), operand((32, 64), dtype="float64"), None),
+    (lambda: calls.linear_call(operand((8, 64), dtype="float64"), operand((32, 64), dtype="float64"), None),
      "x: expected bfloat16 or float16"),
 ])
 def test_a_bad_call_says_what_is_wrong(make, message):
@@ -90,7 +90,7 @@ def test_a_bad_call_says_what_is_wrong(make, message):
 
 
 def test_an_empty_output_computes_nothing():
-    call = dispatch.matmul_call(operand((0, 64)), operand((64, 32)), None, None, None)
+    call = calls.matmul_call(operand((0, 64)), operand((64, 32)), None, None, None)
     assert call.problems == [] and call.out_shape == (0, 32)
 
 
@@ -127,7 +127,7 @@ def section(validation="passed"):
 
 
 def chosen_for(kernels, m, n, k, a_ptr=1 << 20):
-    call = dispatch.linear_call(operand((m, k), ptr=a_ptr), operand((n, k)), None)
+    call = calls.linear_call(operand((m, k), ptr=a_ptr), operand((n, k)), None)
     cls, problem = kernels._class_for(call)
     kernel, why = cls.choose(problem, {**call.pointers, "c": 1 << 30})
     return (kernel.candidate if kernel else None), why
@@ -215,7 +215,7 @@ def test_unvalidated_kernels_are_refused_unless_asked(tmp_path):
 
 def test_a_call_of_a_class_the_instance_lacks_names_what_it_has(tmp_path):
     kernels = dispatch.MatrixKernels(tmp_path, section()[0], allow_unvalidated=False)
-    call = dispatch.matmul_call(operand((8, 64)), operand((64, 32)), None, None, None)   # b row-major: "mn"
+    call = calls.matmul_call(operand((8, 64)), operand((64, 32)), None, None, None)   # b row-major: "mn"
     with pytest.raises(ValueError, match=r"no matrix kernels for bfloat16, layouts \(A, B\) kmn, epilogue plain in .*: "
                                          r"it has matmul.bfloat16.kk.plain; add the class"):
         kernels._class_for(call)
