@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aicg.matrix import check, reference, space, worker
+from aicg import nvrtc
+from aicg.matrix import check, reference, space, timing, worker
 from aicg.matrix.problem import Problem
 from aicg.matrix.space import Epilogue
 from aicg.matrix.templates import RULES
@@ -159,14 +160,23 @@ def test_worker_case_validates_and_times_through_the_same_path(memory, monkeypat
     kernel = EmulatedKernel(real, memory)
     monkeypatch.setattr(worker, "_kernel", lambda r, cubin: kernel)
     monkeypatch.setattr(worker.driver, "use_primary_context", lambda: None)
-    monkeypatch.setattr(worker, "_flush_buffer", lambda: check.driver.Buffer(64))
+    flushes = []
+    monkeypatch.setattr(worker, "_l2_flush", lambda mode: flushes.append(mode) or mode)
     monkeypatch.setattr(worker.timing, "median_seconds",
                         lambda launch, flush, reps: (launch(), {"median_seconds": 1e-3, "repetitions": reps})[1])
     worker._problem.clear()
     out = worker.run_case(real.as_dict(), b"cubin", problem.as_dict(), repetitions=3)
     assert out["validation"]["status"] == "passed"
     assert out["timing"]["tflops"] == pytest.approx(problem.flops / 1e-3 / 1e12)
+    assert flushes == ["read"]     # the L2 left clean before each repetition unless asked otherwise
     again = worker.run_case(real.as_dict(), b"cubin", problem.as_dict(), repetitions=0)
     assert again["validation"]["status"] == "passed" and "timing" not in again
     worker._problem["operands"].free()
     worker._problem.clear()
+
+
+def test_the_l2_read_flush_compiles_without_a_gpu_and_an_unknown_flush_is_refused():
+    cubin, report, _ = nvrtc.compile_cubin(timing.READ_SOURCE, "l2_flush.cu", {}, "sm_90")
+    assert cubin and report["reported"] and report["spill_store_bytes"] == 0
+    with pytest.raises(ValueError, match="flush = 'sideways': expected one of read, write"):
+        timing.L2Flush("sideways")

@@ -226,7 +226,7 @@ def _why(result: dict) -> str:
 
 def _save(path: Path, node: Node, headers: dict, lab: Settings, records: list[dict], before: str, left: int) -> None:
     method = (f"{METHOD}: each realisation checked on one tile, then at each shape of aicg/matrix/lab.toml "
-              f"validated against float64 and timed (CUDA events, L2 flushed, median of {lab.repetitions}), in a "
+              f"validated against float64 and timed (CUDA events, the L2 evicted by a read, median of {lab.repetitions}), in a "
               f"worker process of its own")
     if left:
         method = f"partial: {left} cases left when the budget ran out; " + method

@@ -7,7 +7,7 @@ float64 reference within the arithmetic's own bound) on
   awkward problems  a single tile, and shapes off every tile and vector size
                     with padded leading dimensions (those the template takes)
   workload shapes   each class shape it serves, tightly packed; there it is
-                    also timed (aicg/matrix/timing.py: CUDA events, L2 flushed,
+                    also timed (aicg/matrix/timing.py: CUDA events, the L2 evicted by a read,
                     the median of the profile's timing repetitions)
 
 in a worker process of its own (aicg/matrix/worker.py): a fault or a hang

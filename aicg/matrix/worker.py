@@ -31,7 +31,7 @@ _kernels: dict[str, MatmulKernel] = {}
 _problem: dict = {}       # the current problem's inputs, operands, references and checked rows
 _drawn: dict = {}         # logical operands by reference.operand_key, the latest few
 _DRAWN_KEPT = 8
-_flush: list = []
+_flush: dict = {}        # the L2 evictions by mode (aicg/matrix/timing.py)
 
 
 def _kernel(real: Realisation, cubin: bytes) -> MatmulKernel:
@@ -61,19 +61,17 @@ def _inputs(problem: Problem, splits: int) -> dict:
     return _problem
 
 
-def _flush_buffer() -> driver.Buffer:
-    if not _flush:
-        from cuda.bindings import driver as cu
-        device = driver.check(cu.cuCtxGetDevice())
-        l2 = driver.check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device))
-        _flush.append(driver.Buffer(2 * l2))
-    return _flush[0]
+def _l2_flush(mode: str) -> timing.L2Flush:
+    if mode not in _flush:
+        _flush[mode] = timing.L2Flush(mode)
+    return _flush[mode]
 
 
 def run_case(realisation: dict, cubin: bytes, problem: dict, validate: bool = True, repetitions: int = 0,
-             hang_seconds: float = check.HANG_SECONDS) -> dict:
-    """Validate (and, where it passed and repetitions > 0, time) one realisation on one problem,
-    in this process. The worker side of `Runner.run`."""
+             hang_seconds: float = check.HANG_SECONDS, flush: str = "read") -> dict:
+    """Validate (and, where it passed and repetitions > 0, time with the L2 evicted by `flush`
+    before each repetition) one realisation on one problem, in this process. The worker side of
+    `Runner.run`."""
     driver.use_primary_context()
     real, prob = Realisation.from_dict(realisation), Problem.from_dict(problem)
     kernel = _kernel(real, cubin)
@@ -97,7 +95,7 @@ def run_case(realisation: dict, cubin: bytes, problem: dict, validate: bool = Tr
             kernel.launch(prob, pointers)
         launch()
         check.wait(0, hang_seconds)
-        out["timing"] = timing.median_seconds(launch, _flush_buffer(), repetitions)
+        out["timing"] = timing.median_seconds(launch, _l2_flush(flush), repetitions)
         out["timing"]["tflops"] = prob.flops / out["timing"]["median_seconds"] / 1e12
     return out
 
@@ -110,11 +108,11 @@ class Runner:
         self.worker = isolated.Worker(seconds)
 
     def run(self, real: Realisation, cubin: bytes, problem: Problem, validate: bool = True, repetitions: int = 0,
-            hang_seconds: float = check.HANG_SECONDS) -> dict:
+            hang_seconds: float = check.HANG_SECONDS, flush: str = "read") -> dict:
         try:
             reply = self.worker.call("aicg.matrix.worker:run_case", kwargs={
                 "realisation": real.as_dict(), "cubin": cubin, "problem": problem.as_dict(), "validate": validate,
-                "repetitions": repetitions, "hang_seconds": hang_seconds})
+                "repetitions": repetitions, "hang_seconds": hang_seconds, "flush": flush})
         except RuntimeError as err:     # an exception in the worker other than a device fault
             return {"realisation": real.name, "problem": problem.name, "error": str(err),
                     "validation": {"status": "failed", "error": str(err), "checks": []}}

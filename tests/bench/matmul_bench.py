@@ -6,7 +6,7 @@ torch.compile(mode="max-autotune"); print a compact table last and write the ful
     python tests/bench/matmul_bench.py --json matmul.json [--quick] [--compile]
         [--stages tiny,ragged,square,fused,grid] [--grid-m 1,16,128,1024,4096,16384]
         [--grid-nk 6144x4096,4096x4096,28672x4096,4096x14336] [--only SUBSTRING,...]
-        [--grid-all] [--grid-ranked N] [--budget SECONDS] [--reps N] [--jobs N]
+        [--grid-all] [--grid-ranked N] [--budget SECONDS] [--reps N] [--jobs N] [--flush read|write]
 
 --only keeps the realisations whose name contains any of the comma-separated
 substrings (e.g. `--only _staged,pingpong,gemv` for the staged and pingpong
@@ -30,6 +30,10 @@ aicg/matrix/worker.py):
           first where M <= 16 (without an hwdb entry: every decode realisation there);
           each case's ratio to cuBLAS printed as it comes, the decode rows against the copy
           bandwidth measured in this run
+Before each timed call the L2 is evicted, for aicg's kernels and the peers alike, by a read of
+twice its size (--flush read, the default: clean lines, as the layer before leaves them) or by
+a memset (--flush write: dirty lines, which a read-only kernel such as the decode GEMV then
+writes back as its reads evict them: up to as many bytes as a 32 MB weight has).
 The target is the GPU present (its compute capability picks the realisations). Every
 case's result is appended to the JSON as it comes, so a run stopped midway keeps what
 it measured.
@@ -275,6 +279,7 @@ class Bench:
         if reason:
             return {"realisation": real.name, "problem": problem.name, "skipped": reason}
         result = self.runner.run(real, self.built[real.name]["cubin"], problem, repetitions=repetitions,
+                                 flush=self.args.flush,
                                  hang_seconds=HANG_SECONDS.get(stage, HANG_SECONDS["default"]))
         self.recorder.case(stage, result)
         v = verdict(result)
@@ -512,13 +517,16 @@ class Bench:
 
 class Peers:
     """cuBLAS (torch.matmul, F.linear), eager PyTorch and torch.compile, timed as aicg's kernels are:
-    CUDA events around the call, L2 flushed before each repetition, the median."""
+    CUDA events around the call, the L2 evicted before each repetition as for aicg's (a read of twice
+    its size, or with flush="write" a memset: aicg/matrix/timing.py), the median."""
 
-    def __init__(self, reps: int, use_compile: bool):
+    def __init__(self, reps: int, use_compile: bool, flush: str = "read"):
         import torch
         self.torch, self.reps, self.use_compile = torch, reps, use_compile
-        self.flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8,
-                                 device="cuda")
+        buffer = torch.zeros(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32,
+                             device="cuda")
+        total = torch.empty((), dtype=torch.int64, device="cuda")
+        self.flush = (lambda: torch.sum(buffer, dim=0, out=total)) if flush == "read" else buffer.zero_
         self.fused_results = []
 
     def time(self, fn) -> float:
@@ -527,7 +535,7 @@ class Peers:
             fn()
         samples = []
         for _ in range(self.reps):
-            self.flush.zero_()
+            self.flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -612,6 +620,9 @@ def parse(argv=None):
     p.add_argument("--compile", action="store_true", help="also time torch.compile(mode='max-autotune')")
     p.add_argument("--quick", action="store_true", help="tiny and ragged stages, 5 repetitions")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--flush", choices=("read", "write"), default="read",
+                   help="how the L2 is evicted before each timed call, for aicg and the peers alike: a read of "
+                        "twice its size (clean lines) or a memset (dirty lines the timed call writes back)")
     p.add_argument("--budget", type=float, default=450.0, help="seconds; later stages are cut short past it")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = p.parse_args(argv)
@@ -633,7 +644,7 @@ def main(argv=None):
         if "ragged" in args.stages:
             bench.ragged()
         if {"square", "fused", "grid"} & set(args.stages):
-            peers = Peers(args.reps, args.compile)
+            peers = Peers(args.reps, args.compile, args.flush)
         for stage in ("square", "fused", "grid"):
             if stage in args.stages:
                 try:
