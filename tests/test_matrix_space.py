@@ -2,6 +2,8 @@
 constraints (aicg/matrix/templates/): which knob settings a GPU can run, and why not."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from aicg import hw
@@ -68,6 +70,32 @@ def test_realisation_names_are_unique_and_say_their_knobs():
                           **space.templates()["wgmma"].tried[1])
     assert r.name == "wgmma.f16.kmn.bm128_bn256_c2_g8_rm_coop_k1_s4_direct.bias+gelu_tanh+residual"
     assert space.Realisation.from_dict(r.as_dict()) == r
+
+
+def test_a_decode_record_from_before_the_spread_knob_reads_as_splits_under_its_old_name(repo):
+    """hwdb/<gpu>.matrix.json's decode records were measured before the knob, with the splits."""
+    records = json.loads((repo / "hwdb" / "h100-sxm.matrix.json").read_text())["records"]
+    old = next(r["realisation"] for r in records if r["realisation"]["template"] == "gemv")
+    assert "spread" not in old["knobs"]
+    real = space.Realisation.from_dict(old)
+    assert real.knob("spread") == "splits"
+    k = old["knobs"]
+    assert real.name == f"gemv.bf16.kk.rg{k['ring']}_t{k['tiles']}_u{k['unroll']}_w{k['warps']}.plain"
+    even = space.realisation("gemv", "bfloat16", "k", "k", Epilogue(), **dict(k, spread="even"))
+    assert even.name == f"gemv.bf16.kk.rg{k['ring']}_even_t{k['tiles']}_u{k['unroll']}_w{k['warps']}.plain"
+    assert space.Realisation.from_dict(even.as_dict()) == even
+    names = [space.realisation("gemv", "bfloat16", "k", "k", Epilogue(), **s).name for s in space.knob_settings("gemv")]
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("earlier, message", [('spread = "halves"', "one of"), ("colour = 1", "a knob of the template")])
+def test_space_toml_earlier_values_are_knobs_of_the_template(tmp_path, raises_input_error, earlier, message):
+    path = tmp_path / "space.toml"
+    path.write_text(space.SPACE_FILE.read_text().replace('[templates.gemv.earlier]\nspread = "splits"',
+                                                         f"[templates.gemv.earlier]\n{earlier}", 1))
+    key = "templates.gemv.earlier." + earlier.split(" ")[0]
+    with raises_input_error(path, key, message):
+        space.templates(path)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -217,7 +245,7 @@ def test_legal_space_sizes(hopper):
     """The space the opt-in full compile covers (tests/test_matrix_build.py): every legal knob setting."""
     assert 3000 < len(legal("wgmma", hopper)) < 6000
     assert 50 < len(legal("mma", hopper)) < 1500
-    assert 40 < len(legal("gemv", hopper)) <= 72
+    assert 2 * 40 < len(legal("gemv", hopper)) <= 2 * 72    # each setting with either spread
 
 
 # ---- what ptxas made of the settings tried first (NVRTC on this machine, sm_90a)

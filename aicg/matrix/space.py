@@ -58,6 +58,9 @@ class Template:
     b_layouts: tuple[str, ...]
     knobs: dict = field(hash=False)     # name -> tuple of allowed values
     tried: tuple = field(hash=False)    # knob settings (dicts) ranked first
+    # knobs added after realisations were recorded and named -> the value those realisations had:
+    # a record without the knob reads as that value, and a name leaves that value out
+    earlier: dict = field(hash=False, default_factory=dict)
 
     def runs_on(self, compute_capability: tuple[int, int]) -> bool:
         cc = tuple(compute_capability)
@@ -90,7 +93,9 @@ class Realisation:
     @property
     def name(self) -> str:
         """A readable unique id: template, dtype, layouts (A then B), knobs, epilogue."""
-        knobs = "_".join(f"{ABBREVIATIONS.get(k, k)}{_short(v)}" for k, v in self.knobs)
+        earlier = templates()[self.template].earlier
+        knobs = "_".join(f"{ABBREVIATIONS.get(k, k)}{_short(v)}" for k, v in self.knobs
+                         if k not in earlier or earlier[k] != v)
         dtype = {"bfloat16": "bf16", "float16": "f16"}[self.dtype]
         return f"{self.template}.{dtype}.{self.a_major}{self.b_major}.{knobs}.{self.epilogue.name}"
 
@@ -100,14 +105,15 @@ class Realisation:
 
     @staticmethod
     def from_dict(d: dict) -> "Realisation":
+        earlier = templates()[d["template"]].earlier if d.get("template") in templates() else {}
         return realisation(d["template"], d["dtype"], d["a_major"], d["b_major"], Epilogue(**d["epilogue"]),
-                           **d["knobs"])
+                           **(earlier | d["knobs"]))
 
 
 # Knob names as realisation names spell them (a word-valued knob needs none: its value says it).
 ABBREVIATIONS = {"block_m": "bm", "block_n": "bn", "block_k": "bk", "stages": "s", "cluster_m": "c", "raster": "r",
                  "group": "g", "warps_m": "wm", "warps_n": "wn", "aligned": "al", "warps": "w", "tiles": "t",
-                 "unroll": "u", "schedule": "", "store": "", "split_k": "k", "ring": "rg"}
+                 "unroll": "u", "schedule": "", "store": "", "split_k": "k", "ring": "rg", "spread": ""}
 VALUE_ABBREVIATIONS = {"cooperative": "coop"}
 
 
@@ -158,10 +164,16 @@ def templates(path: Path = SPACE_FILE) -> dict[str, Template]:
                 raise table.error(f"tried[{i}]", f"a value for each knob ({', '.join(knobs)}) from its domain",
                                   setting)
             tried.append(dict(setting))
+        earlier_table, earlier = table.table("earlier", default={}), {}
+        for knob in earlier_table.keys():
+            if knob not in knobs:
+                raise earlier_table.error(knob, f"a knob of the template ({', '.join(knobs)})", knob)
+            earlier[knob] = earlier_table.get(knob, type(knobs[knob][0]), choices=set(knobs[knob]))
+        earlier_table.done()
         found[name] = Template(name, table.get("header", str), table.get("function", str), (cc[0], cc[1]),
                                table.get("exact_compute_capability", bool),
                                tuple(table.get("a_layouts", list, item=str)),
-                               tuple(table.get("b_layouts", list, item=str)), knobs, tuple(tried))
+                               tuple(table.get("b_layouts", list, item=str)), knobs, tuple(tried), earlier)
         table.done()
     doc.done()
     return found

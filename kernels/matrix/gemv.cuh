@@ -4,9 +4,20 @@
 // many 16-byte loads of W in flight and to spread them over every SM.
 //
 // Skeleton:
-//   columns      a CTA of WARPS warps owns WARPS x TILES x 8 output columns;
-//                a warp, TILES groups of 8 (8 rows of W each)
-//   split-K      grid.y = splits: split s sums K range [s k_split, (s+1) k_split)
+//   columns      a column block of WARPS warps is WARPS x TILES x 8 output
+//                columns; a warp, TILES groups of 8 (8 rows of W each)
+//   spread       how the (column block, 32-wide K step) units of work go to
+//                CTAs:
+//                SPREAD_SPLITS  grid (blocks, splits): CTA (b, s) sums block
+//                               b's K range [s k_split, (s+1) k_split)
+//                SPREAD_EVEN    grid P (the CTAs one wave holds): the units,
+//                               block-major, cut into P contiguous shares of
+//                               equal length (+-1 step). A CTA walks its share
+//                               as segments of one block each: the tail of a
+//                               block, whole blocks, the head of another. So
+//                               every SM streams the same bytes, where the
+//                               splits leave some SMs one CTA more than others
+//                               once the blocks come near the resident CTAs.
 //   loads        per 32-wide K step a lane loads 16 bytes (8 elements) of one
 //                W row per tile, and 16 bytes of A rows l/4 and l/4 + 8. W
 //                comes in groups of UNROLL steps:
@@ -24,12 +35,17 @@
 //                W use the same assignment, so each MMA sums 16 distinct K
 //                (a permutation of the k-order, legal: the sum is the same
 //                set of products)
-//   reduction    splits > 1: each CTA writes its fp32 partial sums to
-//                `partials` [split][row][col], and the last CTA of a column
-//                block to arrive (a ticket per block) adds the splits in
-//                order 0, 1, ..., splits - 1 and applies the epilogue: the
-//                same bits whichever CTA arrives last. It resets the ticket
-//                for the next launch (tickets start zeroed).
+//   reduction    a block whose K is cut into parts (splits, or the segments of
+//                several CTAs): each part's fp32 sums go to `partials`, and
+//                the last CTA of the block to arrive (a ticket per block) adds
+//                the parts in K order and applies the epilogue: the same bits
+//                whichever CTA arrives last. It resets the ticket for the next
+//                launch (tickets start zeroed). A block one CTA covers whole
+//                stores through the epilogue directly.
+//                partials, splits: [split][row][col] (m x n planes)
+//                partials, even:   [cta][slot][row][col in block] (m x block
+//                                  columns): slot 0 for the CTA's first block,
+//                                  1 for its last; the blocks between are whole
 //
 // Needs K, lda and ldw multiples of 8 elements and 16-byte aligned A and W
 // (the host checks); M <= 16.
@@ -42,19 +58,19 @@
 namespace aicg {
 namespace matrix {
 
-template <typename T, int WARPS, int TILES, int UNROLL, int ACT, bool BIAS, bool RESIDUAL, int RING = 0>
-__device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int ldw, T* c, int ldc, const T* bias,
-                                            const T* residual, int ldr, int m, int n, int k, int k_split,
-                                            float* partials, unsigned* tickets) {
-  constexpr int COLUMNS = WARPS * TILES * 8;   // of a CTA
+enum Spread { SPREAD_SPLITS = 0, SPREAD_EVEN = 1 };
+constexpr int GEMV_K_STEP = 32;   // K a warp covers per step (4 lanes x 8 elements): the unit of a share
+
+// The warp's sums over K range [k_begin, k_end) (whole 8-element vectors) of the columns from
+// col0, into `acc` (zeroed here): the loads-in-flight loop both spreads run for a part of a block.
+template <typename T, int WARPS, int TILES, int UNROLL, int RING>
+__device__ __forceinline__ void gemv_accumulate(float (&acc)[TILES][4], const T* a, int lda, const T* w, int ldw,
+                                                int m, int n, int col0, int k_begin, int k_end) {
   static_assert(sizeof(T) == 2, "16-bit operands");
   static_assert(RING == 0 || RING >= 2, "a ring holds the group in use and at least one in flight");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q = lane % 4, r = lane / 4;
-  const int col0 = blockIdx.x * COLUMNS + warp * TILES * 8;   // the warp's first column
-  const int k_begin = blockIdx.y * k_split, k_end = min(k, k_begin + k_split);
 
-  float acc[TILES][4];
 #pragma unroll
   for (int t = 0; t < TILES; ++t)
 #pragma unroll
@@ -72,10 +88,10 @@ __device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int
   const T* a_lo_row = a + static_cast<long long>(a_lo ? r : 0) * lda + 8 * q;
   const T* a_hi_row = a + static_cast<long long>(a_hi ? r + 8 : 0) * lda + 8 * q;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  constexpr int STEP = 32 * UNROLL;
+  constexpr int STEP = GEMV_K_STEP * UNROLL;
 
   // W for the K range [k0, k0 + STEP): UNROLL steps of TILES 16-byte vectors a lane, none past
-  // k_end (whole 8-element vectors: K and the splits are multiples of 8) or past N.
+  // k_end (whole 8-element vectors: K and the parts' bounds are multiples of 8) or past N.
   auto load_w = [&](uint4 (&v)[UNROLL][TILES], int k0) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -158,48 +174,148 @@ __device__ __forceinline__ void gemv_splitk(const T* a, int lda, const T* w, int
         for (int t = 0; t < TILES; ++t) wv[u][t] = load_shared_vector(vector(g % RING, u, t));
       math(wv, k_begin + g * STEP);
     }
-    cp_async_wait<0>();   // nothing of this warp's is still landing when it exits
+    // nothing of this warp's is still landing when it exits, or when its next part reuses the ring
+    cp_async_wait<0>();
   }
+}
 
-  const Epilogue<T, ACT, BIAS, RESIDUAL> epilogue(c, ldc, bias, residual, ldr, m, n);
-  if (gridDim.y == 1) {
-#pragma unroll
-    for (int t = 0; t < TILES; ++t) store_fragment(epilogue, 0, col0 + t * 8, acc[t]);
-    return;
-  }
-
-  // Split-K: publish this split's partial sums, then let the last CTA of the block reduce.
-  const long long plane = static_cast<long long>(m) * n;
+// Part `part` of the `parts` parts (first_part, first_part + 1, ...) a column block's K is cut
+// into: publish the warp's sums at part_at(part, row, col), take the block's ticket, and in the
+// last CTA to arrive add the parts in order and apply the epilogue. Called by every thread of
+// the CTA (it synchronises the CTA).
+template <int TILES, typename E, typename PartAt>
+__device__ __forceinline__ void gemv_publish_and_reduce(const float (&acc)[TILES][4], const E& epilogue, int m,
+                                                        int n, int col0, PartAt part_at, int part, int first_part,
+                                                        int parts, unsigned* ticket) {
+  const int lane = threadIdx.x % 32, q = lane % 4, r = lane / 4;
 #pragma unroll
   for (int t = 0; t < TILES; ++t) {
     const int col = col0 + t * 8 + 2 * q;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = r + 8 * (e / 2), cc = col + e % 2;
-      if (row < m && cc < n) partials[blockIdx.y * plane + static_cast<long long>(row) * n + cc] = acc[t][e];
+      if (row < m && cc < n) *part_at(part, row, cc) = acc[t][e];
     }
   }
   __threadfence();
   __syncthreads();
+  // Every thread read the previous part's verdict before the barrier above, so thread 0 may
+  // overwrite it (the even spread publishes up to two parts a CTA).
   __shared__ unsigned last;
-  if (threadIdx.x == 0) last = atomicAdd(tickets + blockIdx.x, 1u) == gridDim.y - 1;
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == parts - 1;
   __syncthreads();
   if (!last) return;
-  __threadfence();   // the other splits' partials, published before their tickets, are read after ours
+  __threadfence();   // the other parts, published before their tickets, are read after ours
 #pragma unroll
   for (int t = 0; t < TILES; ++t) {
     const int col = col0 + t * 8 + 2 * q;
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s = 0; s < gridDim.y; ++s) {
+    for (int p = first_part; p < first_part + parts; ++p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = r + 8 * (e / 2), cc = col + e % 2;
-        if (row < m && cc < n) sum[e] += __ldcg(partials + s * plane + static_cast<long long>(row) * n + cc);
+        if (row < m && cc < n) sum[e] += __ldcg(part_at(p, row, cc));
       }
     }
     store_fragment(epilogue, 0, col0 + t * 8, sum);
   }
-  if (threadIdx.x == 0) tickets[blockIdx.x] = 0;
+  if (threadIdx.x == 0) *ticket = 0;
+}
+
+// The even spread's cut of `units` units (blocks x steps, block-major) into `ctas` shares: share p
+// is [p units / ctas, (p + 1) units / ctas), in 32-bit arithmetic (a 64-bit division is a call
+// that costs registers): units = per_cta ctas + extra, so p units / ctas = p per_cta + p extra / ctas
+// with p extra < ctas^2 (the host checks units and ctas^2 fit an int). The host's mirror is
+// aicg/matrix/templates/gemv.py EvenShares.
+struct EvenShares {
+  int units, ctas, steps, per_cta, extra;
+  float ctas_per_unit;   // for owner's estimate only (a fast division: the walk makes it exact)
+  __device__ __forceinline__ EvenShares(int blocks, int steps_, int ctas_)
+      : units(blocks * steps_), ctas(ctas_), steps(steps_), per_cta(units / ctas_), extra(units % ctas_),
+        ctas_per_unit(__fdividef(static_cast<float>(ctas_), static_cast<float>(units))) {}
+  __device__ __forceinline__ int begin(int cta) const { return cta * per_cta + cta * extra / ctas; }
+  // the CTA whose share holds unit u, the largest p with begin(p) <= u: a float estimate (off by
+  // at most one or two for any size a launch takes), then walked to the exact CTA
+  __device__ __forceinline__ int owner(int u) const {
+    int p = min(ctas - 1, static_cast<int>((u + 0.5f) * ctas_per_unit));
+    while (p > 0 && begin(p) > u) --p;
+    while (p + 1 < ctas && begin(p + 1) <= u) ++p;
+    return p;
+  }
+};
+
+template <typename T, int WARPS, int TILES, int UNROLL, int ACT, bool BIAS, bool RESIDUAL, int RING = 0,
+          int SPREAD = SPREAD_SPLITS>
+__device__ __forceinline__ void gemv(const T* a, int lda, const T* w, int ldw, T* c, int ldc, const T* bias,
+                                     const T* residual, int ldr, int m, int n, int k, int k_split, float* partials,
+                                     unsigned* tickets) {
+  constexpr int COLUMNS = WARPS * TILES * 8;   // of a column block
+  const int warp = threadIdx.x / 32;
+  const Epilogue<T, ACT, BIAS, RESIDUAL> epilogue(c, ldc, bias, residual, ldr, m, n);
+  float acc[TILES][4];
+
+  if constexpr (SPREAD == SPREAD_SPLITS) {
+    const int col0 = blockIdx.x * COLUMNS + warp * TILES * 8;   // the warp's first column
+    const int k_begin = blockIdx.y * k_split, k_end = min(k, k_begin + k_split);
+    gemv_accumulate<T, WARPS, TILES, UNROLL, RING>(acc, a, lda, w, ldw, m, n, col0, k_begin, k_end);
+    if (gridDim.y == 1) {
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) store_fragment(epilogue, 0, col0 + t * 8, acc[t]);
+      return;
+    }
+    const long long plane = static_cast<long long>(m) * n;
+    auto part_at = [&](int s, int row, int col) { return partials + s * plane + static_cast<long long>(row) * n + col; };
+    gemv_publish_and_reduce<TILES>(acc, epilogue, m, n, col0, part_at, blockIdx.y, 0, gridDim.y,
+                                   tickets + blockIdx.x);
+  } else {
+    static_assert(SPREAD == SPREAD_EVEN, "a spread of the Spread enum");
+    // The walk's bounds and the CTAs that share the ends of this CTA's share, kept in shared memory
+    // and read again after each segment (volatile: not held in registers across the K loop and the
+    // epilogue, where ptxas would otherwise spill to make room for them). Only the share's first
+    // and last blocks can be shared with other CTAs; those between are whole. A part's workspace
+    // slot is 0 where the block is the first of its CTA's share, 1 where it is the last; only a
+    // block's first CTA can have begun in an earlier block.
+    enum { BEGIN, END, FIRST_BLOCK, LAST_BLOCK, FIRST_OF_FIRST, LAST_OF_LAST, SLOT_OF_FIRST, WALK };
+    __shared__ int walk_state[WALK];
+    const int steps = (k + GEMV_K_STEP - 1) / GEMV_K_STEP;
+    const int cta = blockIdx.x;
+    if (threadIdx.x == 0) {
+      const EvenShares shares((n + COLUMNS - 1) / COLUMNS, steps, gridDim.x);
+      const int begin = shares.begin(cta), end = shares.begin(cta + 1);
+      const int first_block = begin / steps, last_block = (end - 1) / steps;
+      const int first_of_first = shares.owner(first_block * steps);
+      walk_state[BEGIN] = begin;
+      walk_state[END] = end;
+      walk_state[FIRST_BLOCK] = first_block;
+      walk_state[LAST_BLOCK] = last_block;
+      walk_state[FIRST_OF_FIRST] = first_of_first;
+      walk_state[LAST_OF_LAST] = shares.owner((last_block + 1) * steps - 1);
+      walk_state[SLOT_OF_FIRST] = shares.begin(first_of_first) < first_block * steps ? 1 : 0;
+    }
+    __syncthreads();
+    const volatile int* state = walk_state;
+    for (int b = state[FIRST_BLOCK]; b <= state[LAST_BLOCK]; ++b) {
+      const int block_begin = b * steps;
+      const int k_begin = b == state[FIRST_BLOCK] ? (state[BEGIN] - block_begin) * GEMV_K_STEP : 0;
+      const int k_end = b == state[LAST_BLOCK] ? min(k, (state[END] - block_begin) * GEMV_K_STEP) : k;
+      const int col0 = b * COLUMNS + warp * TILES * 8;
+      gemv_accumulate<T, WARPS, TILES, UNROLL, RING>(acc, a, lda, w, ldw, m, n, col0, k_begin, k_end);
+      const int first = b == state[FIRST_BLOCK] ? state[FIRST_OF_FIRST] : cta;
+      const int last = b == state[LAST_BLOCK] ? state[LAST_OF_LAST] : cta;
+      if (first == last) {
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) store_fragment(epilogue, 0, col0 + t * 8, acc[t]);
+      } else {
+        const int first_slot = b == state[FIRST_BLOCK] ? state[SLOT_OF_FIRST] : 1;
+        const int block_col0 = b * COLUMNS;
+        auto part_at = [&](int p, int row, int col) {
+          return partials + ((2LL * p + (p == first ? first_slot : 0)) * m + row) * COLUMNS + (col - block_col0);
+        };
+        gemv_publish_and_reduce<TILES>(acc, epilogue, m, n, col0, part_at, cta, first, last - first + 1,
+                                       tickets + b);
+      }
+    }
+  }
 }
 
 }  // namespace matrix
