@@ -239,6 +239,24 @@ def test_the_prior_counts_whole_waves_of_tiles():
     assert 1.9 < b.compute / a.compute < 2.1
 
 
+def test_the_prior_reads_the_decode_kernels_uneven_waves_and_the_even_spreads_full_one():
+    """448 CTAs of 64 columns on 132 SMs leave the busiest SMs 4 where the average is 3.39: the splits'
+    weight read is slowed by that share; the even spread's 396 CTAs (3 an SM) are not, and pay the
+    partial sums of the blocks they share instead."""
+    hw_values = prior.values(prior.inputs(hardware("h100-sxm")))
+    even_knobs = next(k for k in space.templates()["gemv"].tried if k["spread"] == "even" and not k["ring"])
+    even = space.realisation("gemv", "bfloat16", "k", "k", Epilogue(), **even_knobs)
+    splits = space.realisation("gemv", "bfloat16", "k", "k", Epilogue(), **dict(even_knobs, spread="splits"))
+    wide = Problem(16, 28672, 4096)
+    ctas = RULES["gemv"].geometry(splits, wide, 132, None).grid
+    assert ctas == (448, 1, 1)
+    a, b = prior.terms(splits, wide, hw_values), prior.terms(even, wide, hw_values)
+    assert b.dram == pytest.approx(a.dram * (448 / 132) / 4, rel=1e-9)
+    assert a.reduction == 0 < b.reduction < 0.05 * b.dram
+    assert b.seconds < a.seconds
+    assert prior.modelled_key(even) != prior.modelled_key(splits)
+
+
 def plan_for(target, cls, preset_name="tolerance", per_family=2):
     sem = semantics.load(REPO / "rulesets", ruleset_loader.load(REPO / "rulesets"))
     h = hardware(target)

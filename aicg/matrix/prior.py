@@ -20,8 +20,9 @@ A tiled realisation (wgmma, mma) takes the longest of:
             flight (stages x slice bytes x resident CTAs) reach
 plus a split-K reduction's partial sums written and read back, and a launch.
 The decode realisation (gemv) streams the weight once: its bytes at the
-bandwidth its loads in flight reach, the split-K partials, and the MMA work
-of 16 padded rows.
+bandwidth its loads in flight reach, slowed where SMs hold unequal numbers
+of its CTAs (the even spread's one wave holds equal numbers), the partial
+sums of split blocks, and the MMA work of 16 padded rows.
 
 Knobs the model does not read it cannot rank. Those a matrix profile's
 measurements rank (CALIBRATED_KNOBS: the schedule, the epilogue's store, the
@@ -47,6 +48,10 @@ MODELLED_KNOBS = {
     "mma": ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "aligned"),
     "gemv": ("warps", "tiles", "unroll"),
 }
+# Knobs the model reads whose values the planner takes only from the space's tried settings: ptxas
+# spills some untried even-spread settings (4-16 bytes, with an activation's epilogue), and a spill
+# voids a design.
+TRIED_ONLY_KNOBS = {"gemv": ("spread",)}
 # mma.sync on a GPU whose tensor cores also take wgmma reaches only part of their peak: the H100's
 # probe measured 631 of 962 TFLOP/s (hwdb/h100-sxm.toml, 2026-12-05).
 MMA_SYNC_SHARE_WITH_WGMMA = 0.66
@@ -226,13 +231,24 @@ def _gemv(real: Realisation, p: Problem, hw: dict) -> Terms:
     k = _knobs(real)
     rules = RULES["gemv"]
     geometry = rules.geometry(real, p, int(hw["sm_count"]), None)
-    blocks, splits = geometry.grid[0], geometry.grid[1]
-    resident = min(blocks * splits * rules.threads(real), hw["sm_count"] * hw["max_threads_per_sm"])
+    ctas = geometry.grid[0] * geometry.grid[1]
+    resident = min(ctas * rules.threads(real), hw["sm_count"] * hw["max_threads_per_sm"])
     in_flight = resident / hw["sm_count"] * 16 * k["tiles"] * k["unroll"]
-    dram = _io_bytes(p) / (hw["dram_read_bandwidth"] * _fill(in_flight, hw["load_bytes_in_flight"]))
+    # Each CTA streams an equal share of the weight and the busiest SM, with ceil(ctas / SMs) of
+    # them, sets the time: 448 CTAs on 132 SMs keep the weight's reads at 3.39 / 4 of the rate. The
+    # even spread's grid is one full wave (a whole number of CTAs an SM): no SM idles.
+    per_sm = ctas / hw["sm_count"]
+    balance = per_sm / math.ceil(per_sm)
+    dram = _io_bytes(p) / (hw["dram_read_bandwidth"] * _fill(in_flight, hw["load_bytes_in_flight"]) * balance)
     compute = 2.0 * GEMV_ROWS * p.n * p.k / hw[f"mma_flops.{p.dtype}"]
-    reduction = (2.0 * splits * p.m * p.n * 4 / hw["dram_read_bandwidth"]) if splits > 1 else 0.0
-    l2 = blocks * p.m * p.k * 2 / hw["l2_read_bandwidth"]     # A, read by every block
+    if k["spread"] == "even":
+        published = rules.even_shares(real, p, int(hw["sm_count"])).partial_segments if geometry.splits > 1 else 0
+        partial_bytes = published * p.m * rules.columns_per_block(real) * 4
+    else:
+        partial_bytes = geometry.splits * p.m * p.n * 4 if geometry.splits > 1 else 0
+    reduction = 2.0 * partial_bytes / hw["dram_read_bandwidth"]    # written, then read back
+    blocks = -(-p.n // rules.columns_per_block(real))
+    l2 = blocks * p.m * p.k * 2 / hw["l2_read_bandwidth"]     # A, read for every column block
     return Terms(compute, l2, dram, reduction, hw["launch_seconds"])
 
 
@@ -250,7 +266,8 @@ def predict_seconds(real: Realisation, problem: Problem, hw: dict) -> float:
 def modelled_key(real: Realisation) -> tuple:
     """What the model reads of a realisation: realisations alike in it are predicted alike."""
     k = _knobs(real)
-    return (real.template, real.dtype, real.epilogue, tuple(k.get(name) for name in MODELLED_KNOBS[real.template]))
+    names = MODELLED_KNOBS[real.template] + TRIED_ONLY_KNOBS.get(real.template, ())
+    return (real.template, real.dtype, real.epilogue, tuple(k.get(name) for name in names))
 
 
 def is_finite(seconds: float) -> bool:
