@@ -28,15 +28,20 @@ EPILOGUES = [Epilogue(), Epilogue("gelu_tanh", bias=True), Epilogue("gelu_erf", 
 # take turns), and many split-K units a CTA (K in 32 slices, cut 2-8 ways)
 SHAPES = [(128, 128, 64), (1, 7, 64), (7, 129, 1000), (127, 1000, 129), (129, 127, 4097), (1000, 1000, 1000),
           (3, 520, 8), (4000, 3000, 300), (1000, 4000, 2000)]
-DECODE_SHAPES = [(16, 128, 64), (1, 7, 64), (3, 520, 8), (16, 1000, 4096), (1, 4096, 4096), (9, 4104, 1000)]
+# the decode kernel's also: many short column blocks, so that an even share holds whole blocks between
+# the parts of its first and last
+DECODE_SHAPES = [(16, 128, 64), (1, 7, 64), (3, 520, 8), (16, 1000, 4096), (1, 4096, 4096), (9, 4104, 1000),
+                 (5, 65536, 256)]
 FUSED = Epilogue("gelu_erf", bias=True, residual=True)
 
 
 def _new_design(template: str, knobs: dict) -> tuple | None:
     """Which of the later designs a setting combines (wgmma: staged store, pingpong, split-K, each
-    with or without a cluster; the decode kernel: the cp.async ring); None for the first design."""
+    with or without a cluster; the decode kernel: the cp.async ring, the even spread); None for the
+    first design."""
     if template == "gemv":
-        return ("ring",) if knobs["ring"] else None
+        found = (("ring",) if knobs["ring"] else ()) + (("even",) if knobs["spread"] == "even" else ())
+        return found or None
     if template != "wgmma":
         return None
     found = tuple(name for name, default in (("store", "direct"), ("schedule", "cooperative"), ("split_k", 1))
@@ -119,11 +124,14 @@ def test_realisation_matches_float64(real, device, runner):
     assert failures == []
 
 
-def test_split_k_decode_is_deterministic_across_launches(device, runner):
-    """The decode kernel's split-K sum is added in a fixed order: the bits repeat (check.validate
-    runs it twice on the same inputs and compares), at a shape that splits K many ways."""
+@pytest.mark.parametrize("spread", ["splits", "even"])
+def test_split_k_decode_is_deterministic_across_launches(device, runner, spread):
+    """The decode kernel's parts of a sum (its splits, or the even shares' segments) are added in a
+    fixed order: the bits repeat (check.validate runs it twice on the same inputs and compares), at a
+    shape that cuts K many ways."""
     info, _ = device
-    real = space.realisation("gemv", "bfloat16", "k", "k", Epilogue(), **TRIED["gemv"][0])
+    knobs = next(k for k in TRIED["gemv"] if k["spread"] == spread)
+    real = space.realisation("gemv", "bfloat16", "k", "k", Epilogue(), **knobs)
     built = build.compile_realisation(real, build.arch_for(real, info.compute_capability))
     result = runner.run(real, built.cubin, Problem(16, 4096, 14336))
     assert result["validation"]["status"] == "passed", result

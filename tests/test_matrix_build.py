@@ -5,7 +5,9 @@ A sample covering every template with each operand layout, both dtypes and every
 for sm_80 too); ptxas's report is read (registers, no spills, no stack frame, no warning that
 voids the design) and the SASS is checked for the instructions each design rests on:
 HGMMA, UTMALDG (.MULTICAST where clustered) and USETMAXREG for the wgmma kernel, HMMA with
-LDSM and LDGSTS for mma.sync, HMMA with 16-byte streaming loads for the decode kernel.
+LDSM and LDGSTS for mma.sync, HMMA with 16-byte streaming loads for the decode kernel. Every tried
+setting of the decode kernel compiles with either spread of its work, and the even spread's K
+loop keeps the loads in flight of the splits' one.
 
 The whole legal space compiles under AICG_MATRIX_FULL_SPACE=1 (minutes on two cores).
 """
@@ -154,6 +156,48 @@ def test_mma_sync_sass(case, arch, sass):
         k = real.settings
         assert count(ops, "HMMA") >= 2 * k["tiles"] * k["unroll"]
         assert count(ops, "LDG.E.NA.128") >= k["tiles"] * k["unroll"]   # the weight: 16 bytes, not kept in L1
+
+
+def gemv_settings() -> list[dict]:
+    """Every tried decode setting with each spread, once."""
+    found = {}
+    for knobs in TRIED["gemv"]:
+        for spread in space.templates()["gemv"].knobs["spread"]:
+            setting = dict(knobs, spread=spread)
+            found[tuple(sorted(setting.items()))] = setting
+    return list(found.values())
+
+
+def k_loop(sass, cubin: bytes) -> Counter:
+    """The opcodes of the innermost loop that holds MMAs: the decode kernel's K loop."""
+    instructions, labels = sass.parse(sass.disassemble(cubin))
+    loops = []
+    for end, i in enumerate(instructions):
+        target = re.search(r"`\((\.L_x_\d+)\)", i.operands)
+        if i.opcode == "BRA" and target and labels[target.group(1)] <= end:
+            body = Counter(x.opcode for x in instructions[labels[target.group(1)]:end + 1])
+            if count(body, "HMMA"):
+                loops.append((end - labels[target.group(1)], body))
+    assert loops, "no loop with MMAs"
+    return min(loops, key=lambda loop: loop[0])[1]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("knobs", gemv_settings(), ids=lambda k: "_".join(f"{n}{v}" for n, v in sorted(k.items())))
+def test_every_tried_decode_setting_compiles_with_either_spread(knobs, dtype, hopper, sass):
+    real = space.realisation("gemv", dtype, "k", "k", Epilogue(), **knobs)
+    rules = RULES["gemv"]
+    assert rules.violations(real, hopper) == []
+    b = build.compile_realisation(real, "sm_90a")
+    assert build.healthy(b) == [], (b.report, b.log)
+    assert b.report["spill_store_bytes"] == b.report["spill_load_bytes"] == 0
+    assert b.report["registers"] <= rules.registers_estimate(real)
+    loop = k_loop(sass, b.cubin)
+    k = real.settings
+    # a group of unroll steps a pass: tiles 16-byte vectors of W a step, two MMAs a vector
+    weight = count(loop, "LDGSTS") if k["ring"] else count(loop, "LDG.E.NA.128")
+    assert weight == k["tiles"] * k["unroll"] and count(loop, "HMMA") == 2 * k["tiles"] * k["unroll"]
+    assert count(loop, "LDL") == 0 and count(loop, "STL") == 0
 
 
 def test_a_compile_error_points_at_the_header():

@@ -1,11 +1,13 @@
 """The matrix family's host side without a GPU: problem and argument checks, TMA descriptor
-arithmetic, launch geometry, inputs as stored, and the float64 bound (aicg/matrix/reference.py)
-held to account: a float32 emulation of the kernels' arithmetic passes it, and the wrong
-kernels the adversarial suite names (a skipped k slice, a transposed operand, an epilogue
-applied twice, a bias left out, rows shifted) fail it."""
+arithmetic, launch geometry (the decode kernel's even shares among it), inputs as stored, and the
+float64 bound (aicg/matrix/reference.py) held to account: a float32 emulation of the kernels'
+arithmetic passes it (the even spread's segment walk, workspace and reduction order too), and the
+wrong kernels the adversarial suite names (a skipped k slice, a transposed operand, an epilogue
+applied twice, a bias left out, rows shifted) and a lost partial sum fail it."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from aicg.matrix.launch import check_arguments
 from aicg.matrix.problem import Problem
 from aicg.matrix.space import Epilogue
 from aicg.matrix.templates import RULES
+from aicg.matrix.templates.gemv import EvenShares
 
 TRIED = {name: tpl.tried for name, tpl in space.templates().items()}
 POINTERS = {"a": 0x10000, "b": 0x20000, "c": 0x30000, "bias": 0x40000, "residual": 0x50000}
@@ -309,6 +312,29 @@ def test_a_repeated_launch_is_one_driver_call(monkeypatch):
     assert checked == [small, large, small] and len(fake.launches) == 5
 
 
+def test_an_even_launch_is_one_wave_with_its_workspace_and_no_split(monkeypatch):
+    from aicg.matrix import launch
+    fake = _FakeDriver()
+    monkeypatch.setattr(launch, "_cu", lambda: fake)
+    monkeypatch.setattr(launch.driver, "check", lambda result: result[1] if len(result) > 1 else None)
+    monkeypatch.setattr(launch.driver, "Buffer", _FakeDriver.Buffer)
+    monkeypatch.setattr(launch.driver, "synchronize", lambda: None)
+    kernel = launch.MatmulKernel.__new__(launch.MatmulKernel)
+    r = real("gemv", i=next(i for i, k in enumerate(TRIED["gemv"]) if k["spread"] == "even"))
+    kernel.real, kernel.rules, kernel.shared_bytes, kernel.sm_count = r, RULES["gemv"], 0, 132
+    kernel.kernel = type("K", (), {"function": "f"})()
+    kernel._scratch, kernel._prepared = {}, {}
+    kernel.__dict__["blocks_per_sm"] = 3
+    problem = Problem(16, 28672, 4096)
+    g = kernel.launch(problem, {"a": 0x1000, "b": 0x2000, "c": 0x3000})
+    assert fake.launches[0][:6] == (396, 1, 1, 128, 1, 1)
+    assert kernel._scratch["workspace"].nbytes == g.workspace_bytes > 0
+    assert kernel._scratch["tickets"].nbytes == g.ticket_bytes == 4 * 448
+    (prepared,) = kernel._prepared.values()
+    names = [name for _, name in RULES["gemv"].arguments]
+    assert prepared.keep[names.index("k_split")].value == 0       # the even spread reads no split
+
+
 # ---- the wgmma kernel's pipeline protocol, played out on the host
 
 class _Barrier:
@@ -451,6 +477,11 @@ def emulate(p: Problem, logical: dict, rows, *, skip_k=None, transpose_b=False, 
     acc = np.zeros((len(rows), p.n), np.float32)
     for k0 in range(0, p.k, 16):
         acc = (acc + (a[:, k0:k0 + 16] @ b[k0:k0 + 16]).astype(np.float32)).astype(np.float32)
+    return finish(p, logical, rows, acc, twice=twice, no_bias=no_bias)
+
+
+def finish(p: Problem, logical: dict, rows, acc: np.ndarray, *, twice=False, no_bias=False) -> np.ndarray:
+    """The epilogue on fp32 sums `acc` (rows x N), rounded once to the output type."""
     e = p.epilogue
     x = acc + (logical["bias"].astype(np.float32) if e.bias and not no_bias else np.float32(0))
     for _ in range(2 if twice else 1):
@@ -533,3 +564,158 @@ def test_nan_bits_are_recognised_in_both_types():
     bits = np.array([0x7FC0, 0xFFFF, 0x7F80, 0x7C01, 0x3F80, 0x7C00], np.uint16)
     assert list(check.nan_bits("bfloat16", bits)) == [True, True, False, False, False, False]
     assert list(check.nan_bits("float16", bits)) == [True, True, True, True, False, False]
+
+
+# ---- the decode kernel's even spread: shares, the kernel's walk, the workspace, the reduction
+
+EVEN = [i for i, k in enumerate(TRIED["gemv"]) if k["spread"] == "even"]
+# (blocks, steps, CTAs): one unit each, a CTA a block, fewer CTAs than blocks (whole blocks between a
+# share's ends), more CTAs than blocks (a block in several parts), the large decode weights on an H100
+EVEN_CUTS = [(1, 1, 1), (1, 2, 2), (9, 1, 9), (7, 5, 3), (3, 100, 7), (8, 8, 8), (1024, 8, 264), (65, 32, 264),
+             (64, 448, 264), (448, 128, 396), (224, 128, 264)]
+
+
+def kernel_begin(shares: EvenShares, cta: int) -> int:
+    """gemv.cuh's EvenShares::begin: in int arithmetic, units = per_cta ctas + extra."""
+    per_cta, extra = divmod(shares.units, shares.ctas)
+    return cta * per_cta + cta * extra // shares.ctas
+
+
+def kernel_owner(shares: EvenShares, unit: int, estimate: int) -> int:
+    """gemv.cuh's EvenShares::owner from an estimate: walked to the largest p with begin(p) <= unit."""
+    p = min(shares.ctas - 1, estimate)
+    while p > 0 and kernel_begin(shares, p) > unit:
+        p -= 1
+    while p + 1 < shares.ctas and kernel_begin(shares, p + 1) <= unit:
+        p += 1
+    return p
+
+
+@pytest.mark.parametrize("blocks, steps, ctas", EVEN_CUTS)
+def test_even_shares_cover_every_unit_once_and_the_kernels_walk_finds_each_blocks_parts(blocks, steps, ctas):
+    s = EvenShares(blocks, steps, ctas)
+    lengths = [s.begin(p + 1) - s.begin(p) for p in range(ctas)]
+    assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
+    assert all(kernel_begin(s, p) == s.begin(p) for p in range(ctas + 1))
+    covered, by_block = Counter(), {}
+    for cta in range(ctas):
+        segments = s.segments(cta)
+        walk = s.walk(cta)
+        assert [w[:3] for w in walk] == segments
+        for block, lo, hi, first, last, first_slot in walk:
+            assert 0 <= lo < hi <= steps
+            covered.update((block, step) for step in range(lo, hi))
+            by_block.setdefault(block, []).append((cta, lo, hi))
+            assert range(first, last + 1) == s.covering(block) and first_slot == s.slot(first, block)
+        # a CTA publishes at most two parts, its first block's and its last's, in distinct slots
+        published = [s.slot(cta, block) for block, _, _ in segments if len(s.covering(block)) > 1]
+        assert len(published) <= 2 and len(set(published)) == len(published)
+    assert covered == Counter({(b, step): 1 for b in range(blocks) for step in range(steps)})
+    for block, parts in by_block.items():
+        # the block's parts in increasing CTA order are its K in increasing order, without a gap
+        assert [cta for cta, _, _ in parts] == list(s.covering(block))
+        assert [lo for _, lo, _ in parts] == [0] + [hi for _, _, hi in parts[:-1]] and parts[-1][2] == steps
+    assert list(s.parts) == [len(s.covering(b)) for b in range(blocks)]
+    for unit in sorted({0, s.units - 1, *range(0, s.units, max(1, s.units // 97))}):
+        exact = s.owner(unit)
+        assert s.begin(exact) <= unit < s.begin(exact + 1)
+        for estimate in (0, ctas - 1, exact - 2, exact - 1, exact + 1, exact + 2):
+            assert kernel_owner(s, unit, max(0, estimate)) == exact
+
+
+def test_even_shares_refuse_what_the_kernels_int_arithmetic_cannot_hold():
+    with pytest.raises(ValueError, match="5 CTAs for 4 units"):
+        EvenShares(2, 2, 5)
+    with pytest.raises(ValueError, match="2\\^31 units"):
+        EvenShares(2 ** 16, 2 ** 15, 132)
+    r = real("gemv", i=EVEN[0])
+    assert "the even spread counts them in a 32-bit int" in RULES["gemv"].unsupported(r, Problem(1, 2 ** 22, 2 ** 22))
+
+
+@pytest.mark.parametrize("i", EVEN)
+def test_even_geometry_is_one_wave_with_two_workspace_slots_a_cta(i):
+    rules, r = RULES["gemv"], real("gemv", i=i)
+    columns = rules.columns_per_block(r)
+    for m, n, k in [(16, 28672, 4096), (1, 4096, 14336), (3, 520, 8), (16, 128, 64), (5, 65536, 256), (1, 64, 64)]:
+        for blocks_per_sm in (1, 2, 3):
+            problem = Problem(m, n, k)
+            g = rules.geometry(r, problem, 132, None, blocks_per_sm=blocks_per_sm)
+            s = rules.even_shares(r, problem, 132, blocks_per_sm)
+            assert (s.blocks, s.steps) == (-(-n // columns), -(-k // 32))
+            assert g.grid == (min(132 * blocks_per_sm, s.units), 1, 1) and rules.k_split(r, problem, 132) == 0
+            assert g.splits == s.most_parts
+            if s.most_parts == 1:
+                assert g.workspace_bytes == g.ticket_bytes == 0
+                continue
+            assert g.ticket_bytes == 4 * s.blocks and g.workspace_bytes == s.ctas * 2 * m * columns * 4
+            furthest = max(((2 * cta + s.slot(cta, block)) * m + m - 1) * columns + columns - 1
+                           for cta in range(s.ctas) for block, _, _ in s.segments(cta) if s.parts[block] > 1)
+            assert furthest < g.workspace_bytes // 4
+    # the case the spread is for: 448 blocks of 128 steps on 396 resident CTAs, shares of 144-145 steps,
+    # so no block in more than two parts
+    g = rules.geometry(real("gemv", i=EVEN[0]), Problem(16, 28672, 4096), 132, None, blocks_per_sm=3)
+    assert g.grid == (396, 1, 1) and g.splits == 2
+
+
+def emulate_even(p: Problem, logical: dict, shares: EvenShares, columns: int, lose=None) -> np.ndarray:
+    """The even spread's arithmetic in numpy, in the kernel's order: each CTA walks its segments,
+    summing one k16 step at a time into fp32 from zero; a segment that is its block's whole goes to
+    the epilogue, another to the workspace at the kernel's index, and the block's last arrival adds
+    the parts read back in increasing CTA order. `lose`: a (cta, block) part never published."""
+    a, b = logical["a"].astype(np.float64), logical["b"].astype(np.float64)
+    workspace = np.full(shares.ctas * 2 * p.m * columns, np.nan, np.float32)
+    writes = np.zeros(workspace.size, np.int64)
+    acc = np.full((p.m, shares.blocks * columns), np.nan, np.float32)
+    arrived = Counter()
+    for cta in random.Random(len(p.name)).sample(range(shares.ctas), shares.ctas):    # any arrival order
+        for block, lo, hi, first, last, first_slot in shares.walk(cta):
+            cols = slice(block * columns, min(p.n, (block + 1) * columns))
+            part = np.zeros((p.m, cols.stop - cols.start), np.float32)
+            for k0 in range(lo * 32, min(p.k, hi * 32), 16):
+                part = (part + (a[:, k0:min(k0 + 16, hi * 32)] @ b[k0:min(k0 + 16, hi * 32), cols])
+                        .astype(np.float32)).astype(np.float32)
+            if first == last:
+                acc[:, cols] = part
+                continue
+
+            def at(q):
+                slot = first_slot if q == first else 0
+                return ((2 * q + slot) * p.m + np.arange(p.m)[:, None]) * columns + np.arange(part.shape[1])
+
+            if (cta, block) != lose:
+                workspace[at(cta)] = part
+                writes[at(cta)] += 1
+            arrived[block] += 1
+            if arrived[block] == last - first + 1:
+                total = np.zeros_like(part)
+                for q in range(first, last + 1):
+                    total = (total + workspace[at(q)]).astype(np.float32)
+                acc[:, cols] = total
+    assert writes.max() <= 1        # no two parts share workspace
+    return finish(p, logical, np.arange(p.m), acc[:, :p.n])
+
+
+@pytest.mark.parametrize("m, n, k, ctas", [(5, 200, 1000, 7), (2, 1024, 64, 5), (16, 1000, 4096, 30), (3, 520, 8, 9),
+                                           (7, 130, 136, 11)])
+@pytest.mark.parametrize("epilogue", [Epilogue(), Epilogue("gelu_erf", True, True)], ids=lambda e: e.name)
+def test_the_even_spreads_walk_and_reduction_pass_the_bound_and_a_lost_part_fails_it(m, n, k, ctas, epilogue):
+    rng = np.random.default_rng(11)
+    r = real("gemv", i=EVEN[0], epilogue=epilogue)
+    p = Problem(m, n, k, epilogue=epilogue)
+    rules = RULES["gemv"]
+    g = rules.geometry(r, p, ctas, None, blocks_per_sm=1)
+    shares = rules.even_shares(r, p, ctas, 1)
+    assert g.grid[0] == shares.ctas
+    logical = reference.draw(p, 0, rng)
+    rows = np.arange(m)
+
+    def verdict(bits):
+        full = np.full((m, p.ldc), reference.POISON_BITS, np.uint16)
+        full[:, :n] = bits
+        return check.compare(p, full, logical, rows, check.splits_of("gemv", g), poisoned=True)
+
+    good = verdict(emulate_even(p, logical, shares, rules.columns_per_block(r)))
+    assert good["within_bound"], good
+    split = [(cta, block) for cta in range(shares.ctas) for block, *_ in shares.segments(cta) if shares.parts[block] > 1]
+    if split:
+        assert not verdict(emulate_even(p, logical, shares, rules.columns_per_block(r), lose=split[0]))["within_bound"]
