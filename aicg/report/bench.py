@@ -52,6 +52,8 @@ def read(path: Path) -> Run:
         raise InputError(path, "(file)", "a JSON object", type(data).__name__)
     # other records (a check of the L2 flush, say) are kept beside the runs and read by their own scripts
     kind = ROWS if "rows" in data else MATRIX if "table" in data else OTHER
+    if kind == MATRIX and (data.get("args") or {}).get("flush") == "write":
+        kind = OTHER    # a matrix run under the memset flush, kept to compare the flushes, not a current figure
     device = data.get("device")
     device = device.get("name") if isinstance(device, dict) else device
     if not isinstance(device, str):
@@ -67,12 +69,23 @@ def runs(bench_dir: Path) -> list[Run]:
 
 
 def latest(all_runs: list[Run], kind: str, device: str | None = None) -> list[Run]:
-    """The runs of `kind` (on `device`, if given) of their latest date, oldest first."""
+    """The runs of `kind` (on `device`, if given) of their latest date, oldest first. For the matrix
+    benchmark, whose stages (square, fused, grid...) are often run on different days, each stage
+    comes from the latest date that ran it: the runs of that date holding it join the list."""
     mine = [r for r in all_runs if r.kind == kind and (device is None or r.device == device)]
     if not mine:
         return []
-    last = max(r.date for r in mine)
-    return [r for r in mine if r.date == last]
+    if kind != MATRIX:
+        last = max(r.date for r in mine)
+        return [r for r in mine if r.date == last]
+    dates = stage_dates(mine)
+    return [r for r in mine if any(dates[stage] == r.date for stage in _stages(r))]
+
+
+def _stages(run: Run) -> set[str]:
+    """The stages a matrix run measured: those of its table's rows and of its cases."""
+    rows = [*run.data.get("table", []), *run.data.get("cases", [])]
+    return {r.get("stage") for r in rows if isinstance(r, dict)} - {None}
 
 
 def row_cases(day: list[Run], suite: str | None = "acceptance") -> list[dict]:
@@ -85,12 +98,23 @@ def row_cases(day: list[Run], suite: str | None = "acceptance") -> list[dict]:
     return [cases[k] for k in sorted(cases)]
 
 
+def stage_dates(day: list[Run]) -> dict[str, str]:
+    """stage -> the latest date among `day`'s runs that ran it."""
+    dates: dict[str, str] = {}
+    for run in day:
+        for stage in _stages(run):
+            dates[stage] = max(dates.get(stage, run.date), run.date)
+    return dates
+
+
 def matrix_cases(day: list[Run]) -> list[dict]:
-    """The matrix-multiply cases of a day's runs, each (stage, problem, peer) from the last run holding it."""
-    cases = {}
+    """The matrix-multiply cases of the runs' latest date for each stage, each (stage, problem, peer)
+    from the last run holding it: a stage measured again replaces every earlier figure of it."""
+    cases, dates = {}, stage_dates(day)
     for run in day:
         for row in run.data["table"]:
-            cases[(row["stage"], row["problem"], row["peer"])] = {**row, "run": run.name}
+            if dates.get(row["stage"], run.date) == run.date:
+                cases[(row["stage"], row["problem"], row["peer"])] = {**row, "run": run.name}
     order = {"square": 0, "fused": 1, "grid": 2}
     return sorted(cases.values(), key=lambda c: (order.get(c["stage"], 3), _problem_key(c["problem"]), c["peer"]))
 
@@ -101,9 +125,10 @@ def _problem_key(problem: str) -> tuple:
 
 
 def matrix_summaries(day: list[Run]) -> dict:
-    out = {}
+    out, dates = {}, stage_dates(day)
     for run in day:
-        out.update(run.data.get("summary") or {})
+        out.update({stage: s for stage, s in (run.data.get("summary") or {}).items()
+                    if dates.get(stage, run.date) == run.date})
     return out
 
 

@@ -61,6 +61,18 @@ def _pct(value: float | None) -> str:
     return f"{value * 100:.1f}%" if value < 0.1 else f"{value * 100:.0f}%"
 
 
+def _dates(day: list[bench.Run]) -> str:
+    """The runs' date, or each stage's where stages come from different dates."""
+    dates = bench.stage_dates(day)
+    if len(set(dates.values())) <= 1:
+        return day[-1].date
+    by_date: dict[str, list[str]] = {}
+    for stage in ("tiny", "ragged", "square", "fused", "grid"):
+        if stage in dates:
+            by_date.setdefault(dates[stage], []).append(stage)
+    return "; ".join(f"{' and '.join(stages)} {date}" for date, stages in sorted(by_date.items()))
+
+
 def _files(day: list[bench.Run]) -> str:
     return ", ".join(f"`docs/bench/{r.name}`" for r in day)
 
@@ -85,7 +97,8 @@ def _grid_line(day: list[bench.Run]) -> tuple[str, float, str] | None:
     ratios = [(r, c["problem"].split()[0]) for c in cases if (r := _ratio(c))]
     if not ratios:
         return None
-    planned = {(m, n, k) for r in day if "grid" in r.data.get("args", {}).get("stages", [])
+    grid_date = bench.stage_dates(day).get("grid")
+    planned = {(m, n, k) for r in day if "grid" in r.data.get("args", {}).get("stages", []) and r.date == grid_date
                for m in r.data["args"].get("grid_m", []) for n, k in r.data["args"].get("grid_nk", [])}
     ms = sorted({m for m, _, _ in planned}) or [None]
     weights = {(n, k) for _, n, k in planned}
@@ -100,8 +113,10 @@ def _decode_shares(day: list[bench.Run], key: str = "decode_weight_bandwidth_ove
     """(m, n, k, share) per decode shape, each from the last run that has it: by default the share of
     the 1 GiB copy's bandwidth; with key="decode_over_same_bytes_copy", the speed of a copy that
     moves as many bytes as the weight has, over the kernel's."""
-    shares = {}
+    shares, grid_date = {}, bench.stage_dates(day).get("grid")
     for run in day:
+        if run.date != grid_date:
+            continue
         for m, n, k, share in ((run.data.get("summary") or {}).get("grid") or {}).get(key, []):
             shares[(m, n, k)] = share
     return [(*key, share) for key, share in sorted(shares.items())]
@@ -115,7 +130,7 @@ def _matrix_cells(case: dict, day: list[bench.Run], hwdb_dir: Path, *digits) -> 
 
 def matrix_headline(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
     cases = [c for c in bench.matrix_cases(day) if c["stage"] in ("square", "fused")]
-    lines = [f"**Matrix multiply** on an {day[-1].device}, {day[-1].date} ({_files(day)}): aicg's fastest "
+    lines = [f"**Matrix multiply** on an {day[-1].device}, {_dates(day)} ({_files(day)}): aicg's fastest "
              f"validated kernel against PyTorch's; above 1, aicg is faster.", "",
              "| case | aicg TFLOP/s | of tensor-core peak | peer | peer TFLOP/s | aicg / peer |",
              "| --- | ---: | ---: | --- | ---: | ---: |"]
@@ -163,7 +178,7 @@ def _matrix_section(day: list[bench.Run], hwdb_dir: Path) -> list[str]:
     counts = bench.matrix_validations(day)
     total = sum(counts.values())
     peaks = {tensor_peak(day[-1], hwdb_dir, dtype_of(c["problem"])) for c in bench.matrix_cases(day)} - {None}
-    lines = [f"### Matrix multiply: {day[-1].device}, {day[-1].date}", "",
+    lines = [f"### Matrix multiply: {day[-1].device}, {_dates(day)}", "",
              f"Runs: {_files(day)} (`tests/bench/matmul_bench.py`). Every kernel timed was validated against "
              f"float64 in the same run: {total} cases, " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
              + "." + "".join(f" Tensor-core peak: {v / 1e12:.1f} TFLOP/s, {where}." for v, where in sorted(peaks)), "",
