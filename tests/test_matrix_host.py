@@ -286,21 +286,27 @@ class _FakeDriver:
             self.ptr = 0
 
 
-def test_a_repeated_launch_is_one_driver_call(monkeypatch):
+def _faked_launch(monkeypatch, realisation, blocks_per_sm: int = 3):
+    """(a MatmulKernel of `realisation` on 132 SMs whose driver calls are recorded, the fake driver)."""
     from aicg.matrix import launch
     fake = _FakeDriver()
     monkeypatch.setattr(launch, "_cu", lambda: fake)
     monkeypatch.setattr(launch.driver, "check", lambda result: result[1] if len(result) > 1 else None)
     monkeypatch.setattr(launch.driver, "Buffer", _FakeDriver.Buffer)
     monkeypatch.setattr(launch.driver, "synchronize", lambda: None)
-    checked = []
-    monkeypatch.setattr(launch, "check_arguments", lambda *a: checked.append(a[1]))
     kernel = launch.MatmulKernel.__new__(launch.MatmulKernel)
-    r = real("gemv")
-    kernel.real, kernel.rules, kernel.shared_bytes, kernel.sm_count = r, RULES["gemv"], 0, 132
+    kernel.real, kernel.rules, kernel.shared_bytes, kernel.sm_count = realisation, RULES["gemv"], 0, 132
     kernel.kernel = type("K", (), {"function": "f"})()
     kernel._scratch, kernel._prepared = {}, {}
-    kernel.__dict__["blocks_per_sm"] = 3
+    kernel.__dict__["blocks_per_sm"] = blocks_per_sm
+    return kernel, fake
+
+
+def test_a_repeated_launch_is_one_driver_call(monkeypatch):
+    from aicg.matrix import launch
+    kernel, fake = _faked_launch(monkeypatch, real("gemv"))
+    checked = []
+    monkeypatch.setattr(launch, "check_arguments", lambda *a: checked.append(a[1]))
     small, large = Problem(1, 4096, 4096), Problem(16, 28672, 4096)
     pointers = {"a": 0x1000, "b": 0x2000, "c": 0x3000}
     for _ in range(3):
@@ -313,18 +319,8 @@ def test_a_repeated_launch_is_one_driver_call(monkeypatch):
 
 
 def test_an_even_launch_is_one_wave_with_its_workspace_and_no_split(monkeypatch):
-    from aicg.matrix import launch
-    fake = _FakeDriver()
-    monkeypatch.setattr(launch, "_cu", lambda: fake)
-    monkeypatch.setattr(launch.driver, "check", lambda result: result[1] if len(result) > 1 else None)
-    monkeypatch.setattr(launch.driver, "Buffer", _FakeDriver.Buffer)
-    monkeypatch.setattr(launch.driver, "synchronize", lambda: None)
-    kernel = launch.MatmulKernel.__new__(launch.MatmulKernel)
-    r = real("gemv", i=next(i for i, k in enumerate(TRIED["gemv"]) if k["spread"] == "even"))
-    kernel.real, kernel.rules, kernel.shared_bytes, kernel.sm_count = r, RULES["gemv"], 0, 132
-    kernel.kernel = type("K", (), {"function": "f"})()
-    kernel._scratch, kernel._prepared = {}, {}
-    kernel.__dict__["blocks_per_sm"] = 3
+    even = real("gemv", i=next(i for i, k in enumerate(TRIED["gemv"]) if k["spread"] == "even"))
+    kernel, fake = _faked_launch(monkeypatch, even)
     problem = Problem(16, 28672, 4096)
     g = kernel.launch(problem, {"a": 0x1000, "b": 0x2000, "c": 0x3000})
     assert fake.launches[0][:6] == (396, 1, 1, 128, 1, 1)
