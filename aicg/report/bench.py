@@ -107,6 +107,12 @@ def stage_dates(day: list[Run]) -> dict[str, str]:
     return dates
 
 
+def stage_runs(day: list[Run], stage: str) -> list[Run]:
+    """The runs of `day` whose figures of `stage` are current: those of the latest date that ran it."""
+    date = stage_dates(day).get(stage)
+    return [r for r in day if r.date == date]
+
+
 def matrix_cases(day: list[Run]) -> list[dict]:
     """The matrix-multiply cases of the runs' latest date for each stage, each (stage, problem, peer)
     from the last run holding it: a stage measured again replaces every earlier figure of it."""
@@ -122,14 +128,6 @@ def matrix_cases(day: list[Run]) -> list[dict]:
 def _problem_key(problem: str) -> tuple:
     dims = problem.split()[0].split("x")
     return tuple(int(d) for d in dims if d.isdigit()), problem
-
-
-def matrix_summaries(day: list[Run]) -> dict:
-    out, dates = {}, stage_dates(day)
-    for run in day:
-        out.update({stage: s for stage, s in (run.data.get("summary") or {}).items()
-                    if dates.get(stage, run.date) == run.date})
-    return out
 
 
 def matrix_validations(day: list[Run]) -> dict[str, int]:

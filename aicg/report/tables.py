@@ -97,8 +97,7 @@ def _grid_line(day: list[bench.Run]) -> tuple[str, float, str] | None:
     ratios = [(r, c["problem"].split()[0]) for c in cases if (r := _ratio(c))]
     if not ratios:
         return None
-    grid_date = bench.stage_dates(day).get("grid")
-    planned = {(m, n, k) for r in day if "grid" in r.data.get("args", {}).get("stages", []) and r.date == grid_date
+    planned = {(m, n, k) for r in bench.stage_runs(day, "grid") if "grid" in r.data.get("args", {}).get("stages", [])
                for m in r.data["args"].get("grid_m", []) for n, k in r.data["args"].get("grid_nk", [])}
     ms = sorted({m for m, _, _ in planned}) or [None]
     weights = {(n, k) for _, n, k in planned}
@@ -113,10 +112,8 @@ def _decode_shares(day: list[bench.Run], key: str = "decode_weight_bandwidth_ove
     """(m, n, k, share) per decode shape, each from the last run that has it: by default the share of
     the 1 GiB copy's bandwidth; with key="decode_over_same_bytes_copy", the speed of a copy that
     moves as many bytes as the weight has, over the kernel's."""
-    shares, grid_date = {}, bench.stage_dates(day).get("grid")
-    for run in day:
-        if run.date != grid_date:
-            continue
+    shares = {}
+    for run in bench.stage_runs(day, "grid"):
         for m, n, k, share in ((run.data.get("summary") or {}).get("grid") or {}).get(key, []):
             shares[(m, n, k)] = share
     return [(*key, share) for key, share in sorted(shares.items())]

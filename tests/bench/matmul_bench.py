@@ -522,11 +522,9 @@ class Peers:
 
     def __init__(self, reps: int, use_compile: bool, flush: str = "read"):
         import torch
+        from l2 import l2_flush   # tests/bench, beside this script: the row bench's eviction too
         self.torch, self.reps, self.use_compile = torch, reps, use_compile
-        buffer = torch.zeros(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32,
-                             device="cuda")
-        total = torch.empty((), dtype=torch.int64, device="cuda")
-        self.flush = (lambda: torch.sum(buffer, dim=0, out=total)) if flush == "read" else buffer.zero_
+        self.flush = l2_flush(flush)
         self.fused_results = []
 
     def time(self, fn) -> float:

@@ -56,6 +56,7 @@ import aicg  # noqa: E402
 
 import bench_table  # noqa: E402
 import interleave  # noqa: E402
+from l2 import l2_flush  # noqa: E402,F401  (flush_check.py and rounds_check.py take it from here too)
 import peers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,15 +143,6 @@ FLUSH = os.environ.get("AICG_BENCH_FLUSH", "read")
 @pytest.fixture(scope="module")
 def flush():
     return l2_flush(FLUSH)
-
-
-def l2_flush(mode: str):
-    """A call that evicts the L2: by reading twice its size (clean lines left) or by a memset (dirty ones)."""
-    if mode not in ("read", "write"):
-        raise ValueError(f"AICG_BENCH_FLUSH={mode!r}: expected 'read' or 'write'")
-    buffer = torch.zeros(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32, device="cuda")
-    total = torch.empty((), dtype=torch.int64, device="cuda")
-    return (lambda: torch.sum(buffer, dim=0, out=total)) if mode == "read" else buffer.zero_
 
 
 _inputs: dict[tuple, tuple] = {}
