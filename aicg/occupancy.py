@@ -13,11 +13,14 @@ not asked: two of them leave 32 registers a thread, fewer than any held row need
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from . import codegen, digest, nvrtc
 
 ASKED_BLOCKS = 2
 MOST_THREADS_ASKED = 512
 SPILL_KEPT_BYTES = 16     # four words a thread stored
+_BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aicg-nvrtc")
 POLICY = {"asked_blocks": ASKED_BLOCKS, "most_threads_asked": MOST_THREADS_ASKED, "spill_kept_bytes": SPILL_KEPT_BYTES}
 
 
@@ -25,8 +28,13 @@ def resident_blocks(registers: int, threads: int, registers_per_sm: int) -> int:
     return registers_per_sm // max(1, registers * threads)
 
 
+def may_ask(params: dict) -> bool:
+    """Whether a second build may be asked for, before the first has reported its registers."""
+    return params.get("cache_packs", 0) > 0 and params["threads"] <= MOST_THREADS_ASKED
+
+
 def worth_asking(params: dict, report: dict, registers_per_sm: int) -> bool:
-    return (params.get("cache_packs", 0) > 0 and params["threads"] <= MOST_THREADS_ASKED and report["reported"]
+    return (may_ask(params) and report["reported"]
             and resident_blocks(report["registers"], params["threads"], registers_per_sm) < ASKED_BLOCKS)
 
 
@@ -38,15 +46,24 @@ def compile_key(source: str, header_digests: dict[str, str], arch: str, params: 
 
 
 def compile_candidate(source: str, source_name: str, headers: dict[str, bytes], arch: str, params: dict,
-                      registers_per_sm: int) -> tuple[bytes, dict, str]:
+                      registers_per_sm: int, concurrent: bool = False) -> tuple[bytes, dict, str]:
     """(cubin, resource report, ptxas log) as nvrtc.compile_cubin gives them; the report's
     `asked_blocks` says whether a second build asked for more blocks (0: none was made), and
-    `min_blocks` what the kept build's launch bound asks for (0: nothing)."""
+    `min_blocks` what the kept build's launch bound asks for (0: nothing).
+
+    `concurrent`: where a second build may be wanted, start it beside the first instead of after
+    it (NVRTC runs outside the GIL), for a caller who waits on this one kernel (the JIT's first
+    call); the same cubin comes back, and the second build is thrown away where the first does not
+    ask for it. A build of many kernels keeps the cores busy with other kernels instead."""
+    asked = codegen.with_min_blocks(source, params["threads"], ASKED_BLOCKS) if may_ask(params) else None
+    speculative = None
+    if concurrent and asked is not None:
+        speculative = _BACKGROUND.submit(nvrtc.compile_cubin, asked, source_name, headers, arch)
     cubin, report, log = nvrtc.compile_cubin(source, source_name, headers, arch)
     if not worth_asking(params, report, registers_per_sm):
         return cubin, {**report, "asked_blocks": 0, "min_blocks": 0}, log
-    asked = codegen.with_min_blocks(source, params["threads"], ASKED_BLOCKS)
-    bounded, bounded_report, bounded_log = nvrtc.compile_cubin(asked, source_name, headers, arch)
+    bounded, bounded_report, bounded_log = (speculative.result() if speculative is not None
+                                            else nvrtc.compile_cubin(asked, source_name, headers, arch))
     # the words spilled, each stored once and reloaded where used (float16 above: 4 bytes, 40 reloaded)
     if bounded_report["reported"] and bounded_report["spill_store_bytes"] <= SPILL_KEPT_BYTES:
         return bounded, {**bounded_report, "asked_blocks": ASKED_BLOCKS, "min_blocks": ASKED_BLOCKS}, bounded_log

@@ -93,9 +93,10 @@ def grid_bench(bench, repo, record):
     made.args = bench.parse([])
     made.record = record
     made.info = type("Info", (), {"sm_count": 132})()
-    made.reals = bench.realisations((9, 0), limits(repo, "h100-sxm"))
+    made.cc, made.limits = (9, 0), limits(repo, "h100-sxm")
+    made.reals = bench.realisations(made.cc, made.limits)
     made.built = {r.name: {"cubin": b"", "problems": []} for r in made.reals}
-    made.passed, made.square_results = {}, {}
+    made.passed, made.square_results, made._planned = {}, {}, None
     return made
 
 
@@ -112,8 +113,7 @@ def test_the_grid_times_at_each_shape_what_the_calibrated_prior_ranks_first_ther
     assert any(r.template == "gemv" for r in decode)
     large = made.shape_candidates(Problem(4096, 4096, 4096), tops, predicted)
     assert not any(r.template == "gemv" or r.template == "wgmma" and r.knob("split_k") > 1 for r in large)
-    pool = [r for r in made.candidates("wgmma", "k", "k") + made.candidates("mma", "k", "k")
-            if made.worth_timing(r, Problem(4096, 4096, 4096))]
+    pool = [r for r in made.planned_pool() if r.template != "gemv" and made.worth_timing(r, Problem(4096, 4096, 4096))]
     best = min(pool, key=lambda r: predicted(r, Problem(4096, 4096, 4096)))
     assert best in large
     # without the GPU's hwdb entry: the square stage's best and, for M <= 16, every decode realisation
@@ -121,3 +121,14 @@ def test_the_grid_times_at_each_shape_what_the_calibrated_prior_ranks_first_ther
     assert blind.predicted() is None
     assert blind.shape_candidates(Problem(1, 4096, 4096), tops, None) == tops + blind.candidates("gemv", "k", "k")
     assert blind.shape_candidates(Problem(4096, 4096, 4096), tops, None) == tops
+
+
+def test_the_grid_ranks_the_planners_settings_unless_told_the_tried_ones(bench, repo):
+    made = grid_bench(bench, repo, hw.load(repo / "hwdb/h100-sxm.toml"))
+    predicted, problem = made.predicted(), Problem(128, 6144, 4096)
+    planned = made.shape_candidates(problem, [], predicted)
+    tried_names = {r.name for r in made.reals}
+    assert any(r.name not in tried_names for r in planned)      # a setting no tried one has: compiled as needed
+    assert all(r.a_major == r.b_major == "k" and r.dtype == "bfloat16" for r in planned)
+    made.args = bench.parse(["--grid-pool", "tried"])
+    assert all(r.name in tried_names for r in made.shape_candidates(problem, [], predicted))

@@ -46,6 +46,19 @@ def test_a_build_that_spills_where_asked_is_not_kept(shipped_ruleset, repo):
     assert (kept[0], kept[1]["registers"], runs) == (plain[0], plain[1]["registers"], 2)
 
 
+@pytest.mark.parametrize("family_name,dtype", [("layernorm_twopass", "bfloat16"),    # asked and kept
+                                               ("rmsnorm_tree", "float32"),            # not asked
+                                               ("residual_rmsnorm_tree", "bfloat16")])  # asked, not kept
+def test_the_concurrent_build_keeps_what_the_sequential_one_keeps(shipped_ruleset, repo, family_name, dtype):
+    family = shipped_ruleset.families[family_name]
+    source = codegen.source("occupancy", family, dtype, held(512, 8))
+    headers = nvrtc.include_closure(family.header, repo / "kernels")
+    one_after_other = occupancy.compile_candidate(source, "occupancy.cu", headers, "sm_90", held(512, 8),
+                                                  REGISTERS_PER_SM)
+    side_by_side = occupancy.compile_candidate(source, "occupancy.cu", headers, "sm_90", held(512, 8),
+                                               REGISTERS_PER_SM, concurrent=True)
+    assert side_by_side[:2] == one_after_other[:2]
+
 def test_a_streamed_row_and_a_block_of_1024_are_not_asked():
     one_block = {"reported": True, "registers": 100}
     assert not occupancy.worth_asking(held(512, 0), one_block, REGISTERS_PER_SM)

@@ -253,7 +253,8 @@ class Jit:
             before_compiling()
         began = time.perf_counter()
         cubin, resources, _log = occupancy.compile_candidate(source, f"src/{cand.id}.cu", headers, arch, cand.params,
-                                                             planned.hardware.fact("registers_per_sm"))
+                                                             planned.hardware.fact("registers_per_sm"),
+                                                             concurrent=True)   # a caller waits on it
         seconds = time.perf_counter() - began
         meta = {"key": key, "candidate": cand.id, "params": cand.params, "cubin_digest": digest.of_bytes(cubin),
                 "resources": resources, "compile_seconds": seconds, "validation": {}}

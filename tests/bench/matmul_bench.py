@@ -6,7 +6,7 @@ torch.compile(mode="max-autotune"); print a compact table last and write the ful
     python tests/bench/matmul_bench.py --json matmul.json [--quick] [--compile]
         [--stages tiny,ragged,square,fused,grid] [--grid-m 1,16,128,1024,4096,16384]
         [--grid-nk 6144x4096,4096x4096,28672x4096,4096x14336] [--only SUBSTRING,...]
-        [--grid-all] [--grid-ranked N] [--budget SECONDS] [--reps N] [--jobs N] [--flush read|write]
+        [--grid-all] [--grid-ranked N] [--grid-pool planned|tried] [--budget SECONDS] [--reps N] [--jobs N] [--flush read|write]
 
 --only keeps the realisations whose name contains any of the comma-separated
 substrings (e.g. `--only _staged,pingpong,gemv` for the staged and pingpong
@@ -26,8 +26,10 @@ aicg/matrix/worker.py):
           PyTorch, F.linear with its bias (cuBLASLt epilogue) and torch.compile
   grid    M x (N, K) of Llama-3-8B's projections (F.linear weights), the best square
           realisations (or, with --grid-all, every one) and the first --grid-ranked (4) as
-          the GPU's calibrated matrix prior ranks them at that shape, with the decode kernel's
-          first where M <= 16 (without an hwdb entry: every decode realisation there);
+          the GPU's calibrated matrix prior ranks them at that shape out of the settings the
+          planner ranks (--grid-pool planned, the default: what a build there chooses from,
+          compiled as needed) or the tried ones (--grid-pool tried), with the decode kernel's
+          first where M <= 16 (without an hwdb entry: every tried decode realisation there);
           each case's ratio to cuBLAS printed as it comes, the decode rows against the copy
           bandwidth measured in this run
 Before each timed call the L2 is evicted, for aicg's kernels and the peers alike, by a read of
@@ -266,6 +268,7 @@ class Bench:
         self.passed: dict[str, set] = {}   # stage -> names that passed there
         self.square_results: dict[tuple, list] = {}   # (size, B's layout) -> [(TFLOP/s, realisation)]
         self.same_bytes: dict[int, dict] = {}   # bytes moved -> a copy's timing (the decode shapes' peer)
+        self._planned: list[Realisation] | None = None
 
     def left(self) -> float:
         return self.args.budget - (time.monotonic() - self.start)
@@ -403,17 +406,47 @@ class Bench:
         return seconds
 
     def shape_candidates(self, problem: Problem, tops: list[Realisation], predicted) -> list[Realisation]:
-        """What the grid times at `problem`: `tops`, and the first --grid-ranked valid K-major
-        realisations that take it as the calibrated prior ranks them there (the plan's choice at that
-        shape) with the decode kernel's first among them where it takes the shape; without a prior,
-        `tops` and every decode realisation where M <= 16."""
-        pool = [r for t in ("wgmma", "mma", "gemv") for r in self.candidates(t, "k", "k")
-                if RULES[r.template].unsupported(r, problem) is None and self.worth_timing(r, problem)]
+        """What the grid times at `problem`: `tops`, and the first --grid-ranked K-major realisations
+        that take it as the calibrated prior ranks them there, out of the planner's settings
+        (aicg/matrix/plan.settings: what a build at that shape chooses from) or, with --grid-pool
+        tried, the space's tried ones that passed this run's checks; with the decode kernel's first
+        among them where it takes the shape. Without a prior: `tops` and every tried decode
+        realisation where M <= 16."""
+        tried = [r for t in ("wgmma", "mma", "gemv") for r in self.candidates(t, "k", "k")]
+        pool = tried if predicted is None or self.args.grid_pool == "tried" else self.planned_pool()
+        pool = [r for r in pool if RULES[r.template].unsupported(r, problem) is None and self.worth_timing(r, problem)]
         if predicted is None:
             return list(dict.fromkeys(tops + [r for r in pool if r.template == "gemv"]))
         ranked = sorted(pool, key=lambda r: (predicted(r, problem), r.name))
         decode = [r for r in ranked if r.template == "gemv"][:1]
         return list(dict.fromkeys(tops + ranked[:self.args.grid_ranked] + decode))
+
+    def planned_pool(self) -> list[Realisation]:
+        """Every K-major bf16 realisation without an epilogue that the planner ranks and this GPU
+        runs (its constraints, and no predicted spill), as build._family_pool forms them."""
+        from aicg.matrix import plan, prior
+        if self._planned is None:
+            self._planned = []
+            for template in ("wgmma", "mma", "gemv"):
+                if not space.templates()[template].runs_on(self.cc):
+                    continue
+                for setting in plan.settings(template):
+                    real = space.realisation(template, "bfloat16", "k", "k", **setting)
+                    if not RULES[template].violations(real, self.limits) and \
+                            not prior.expected_to_spill(real, self.limits.registers_per_thread):
+                        self._planned.append(real)
+        return self._planned
+
+    def compile_missing(self, reals: list[Realisation]) -> None:
+        """Compile those of `reals` this run has not compiled (the grid's planned candidates)."""
+        missing = [r for r in dict.fromkeys(reals) if r.name not in self.built]
+        if not missing:
+            return
+        t = time.monotonic()
+        self.built.update(compile_all(missing, self.arch, self.args.jobs))
+        self.recorder.data["compile"].update({r.name: {k: v for k, v in self.built[r.name].items() if k != "cubin"}
+                                              for r in missing})
+        print(f"  compiled {len(missing)} more planned realisations in {time.monotonic() - t:.1f} s", flush=True)
 
     def worth_timing(self, real: Realisation, problem: Problem) -> bool:
         """Split-K pays only where a problem's tiles leave SMs idle; elsewhere it only adds the
@@ -429,6 +462,9 @@ class Bench:
         print(f"  copy bandwidth {copy['bytes_per_second'] / 1e12:.2f} TB/s (read + write)", flush=True)
         tops = self.grid_candidates()
         predicted = self.predicted()
+        timed = {(m, n, k): self.shape_candidates(Problem(m, n, k, "bfloat16", "k", "k"), tops, predicted)
+                 for n, k in self.args.grid_nk for m in self.args.grid_m}
+        self.compile_missing([r for reals in timed.values() for r in reals])
         ratios = []
         for n, k in self.args.grid_nk:
             for m in self.args.grid_m:
@@ -440,8 +476,8 @@ class Bench:
                 peer = peers.matmul(problem)
                 self.recorder.peer("grid", peer)
                 best = None
-                for real in self.shape_candidates(problem, tops, predicted):
-                    if not self.worth_timing(real, problem):
+                for real in timed[(m, n, k)]:
+                    if not self.worth_timing(real, problem) or not self.usable(real):
                         continue
                     r = self.run("grid", real, problem, self.args.reps)
                     if "timing" in r and (best is None or r["timing"]["tflops"] > best[0]):
@@ -611,6 +647,8 @@ def parse(argv=None):
     p.add_argument("--grid-candidates", type=int, default=2, help="best square realisations timed on the grid")
     p.add_argument("--grid-ranked", type=int, default=4,
                    help="and at each grid shape, the first of the valid realisations as the GPU's calibrated prior ranks them there")
+    p.add_argument("--grid-pool", choices=("planned", "tried"), default="planned",
+                   help="what --grid-ranked ranks: the planner's settings (compiled as needed) or the space's tried ones")
     p.add_argument("--grid-all", action="store_true",
                    help="time every valid K-major realisation on the grid (not only the best of the square stage)")
     p.add_argument("--only", default="",
