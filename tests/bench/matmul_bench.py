@@ -26,10 +26,10 @@ aicg/matrix/worker.py):
           PyTorch, F.linear with its bias (cuBLASLt epilogue) and torch.compile
   grid    M x (N, K) of Llama-3-8B's projections (F.linear weights), the best square
           realisations (or, with --grid-all, every one) and the first --grid-ranked (4) as
-          the GPU's calibrated matrix prior ranks them at that shape out of the settings the
-          planner ranks (--grid-pool planned, the default: what a build there chooses from,
-          compiled as needed) or the tried ones (--grid-pool tried), with the decode kernel's
-          first where M <= 16 (without an hwdb entry: every tried decode realisation there);
+          the GPU's calibrated matrix prior ranks them at that shape out of the space's tried
+          settings and as many out of the settings the planner ranks (what a build there chooses
+          from, compiled as needed; --grid-pool tried: the tried ones alone), with the decode
+          kernel's first where M <= 16 (without an hwdb entry: every tried decode realisation there);
           each case's ratio to cuBLAS printed as it comes, the decode rows against the copy
           bandwidth measured in this run
 Before each timed call the L2 is evicted, for aicg's kernels and the peers alike, by a read of
@@ -406,20 +406,24 @@ class Bench:
         return seconds
 
     def shape_candidates(self, problem: Problem, tops: list[Realisation], predicted) -> list[Realisation]:
-        """What the grid times at `problem`: `tops`, and the first --grid-ranked K-major realisations
-        that take it as the calibrated prior ranks them there, out of the planner's settings
-        (aicg/matrix/plan.settings: what a build at that shape chooses from) or, with --grid-pool
-        tried, the space's tried ones that passed this run's checks; with the decode kernel's first
-        among them where it takes the shape. Without a prior: `tops` and every tried decode
-        realisation where M <= 16."""
-        tried = [r for t in ("wgmma", "mma", "gemv") for r in self.candidates(t, "k", "k")]
-        pool = tried if predicted is None or self.args.grid_pool == "tried" else self.planned_pool()
-        pool = [r for r in pool if RULES[r.template].unsupported(r, problem) is None and self.worth_timing(r, problem)]
+        """What the grid times at `problem`: `tops`, the first --grid-ranked K-major realisations
+        that take it as the calibrated prior ranks them there out of the space's tried ones that
+        passed this run's checks, and (--grid-pool planned) the first --grid-ranked out of the
+        planner's settings (aicg/matrix/plan.settings: what a build at that shape chooses from; the
+        prior ranks some untried ones first that lose to tried ones on the device); each with the
+        decode kernel's first where it takes the shape. Without a prior: `tops` and every tried
+        decode realisation where M <= 16."""
+        def takes(r: Realisation) -> bool:
+            return RULES[r.template].unsupported(r, problem) is None and self.worth_timing(r, problem)
+        tried = [r for t in ("wgmma", "mma", "gemv") for r in self.candidates(t, "k", "k") if takes(r)]
         if predicted is None:
-            return list(dict.fromkeys(tops + [r for r in pool if r.template == "gemv"]))
-        ranked = sorted(pool, key=lambda r: (predicted(r, problem), r.name))
-        decode = [r for r in ranked if r.template == "gemv"][:1]
-        return list(dict.fromkeys(tops + ranked[:self.args.grid_ranked] + decode))
+            return list(dict.fromkeys(tops + [r for r in tried if r.template == "gemv"]))
+        pools = [tried] + ([[r for r in self.planned_pool() if takes(r)]] if self.args.grid_pool == "planned" else [])
+        found = list(tops)
+        for pool in pools:
+            ranked = sorted(pool, key=lambda r: (predicted(r, problem), r.name))
+            found += ranked[:self.args.grid_ranked] + [r for r in ranked if r.template == "gemv"][:1]
+        return list(dict.fromkeys(found))
 
     def planned_pool(self) -> list[Realisation]:
         """Every K-major bf16 realisation without an epilogue that the planner ranks and this GPU
@@ -648,7 +652,8 @@ def parse(argv=None):
     p.add_argument("--grid-ranked", type=int, default=4,
                    help="and at each grid shape, the first of the valid realisations as the GPU's calibrated prior ranks them there")
     p.add_argument("--grid-pool", choices=("planned", "tried"), default="planned",
-                   help="what --grid-ranked ranks: the planner's settings (compiled as needed) or the space's tried ones")
+                   help="what --grid-ranked ranks: the space's tried settings and the planner's (compiled as needed), "
+                        "or the tried ones alone")
     p.add_argument("--grid-all", action="store_true",
                    help="time every valid K-major realisation on the grid (not only the best of the square stage)")
     p.add_argument("--only", default="",
