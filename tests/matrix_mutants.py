@@ -46,8 +46,10 @@ MUTANTS = (
            (("return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));",
              "x = 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));\n"
              "    return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));"),)),
+    # both stores: the pair of 16-bit results written as one word (aligned outputs, the problems
+    # below) and one result at a time
     Mutant("leaves the bias out of even columns", "gemv", Epilogue(bias=True), "matrix/epilogue.cuh",
-           (("b0 = to_float(bias[col]);", "b0 = 0.0f;"),)),
+           (("b0 = half_of(word, 0, T{});", "b0 = 0.0f;"), ("b0 = to_float(bias[col]);", "b0 = 0.0f;"))),
     Mutant("keeps a previous result", "wgmma", Epilogue(), "source", STALE),
 )
 
