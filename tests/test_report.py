@@ -354,21 +354,23 @@ def test_headless_chromium_shows_the_plots(instance_dir, tmp_path):
         assert near(svg.GREY) + near(svg.VERMILION) + near(svg.GREEN) > 50, "no realisations in the plot"
 
 
-def _matrix_run(path, stage: str, problem: str, aicg: float, flush: str | None = None):
+def _matrix_run(path, stage: str, problem: str, aicg: float, flush: str | None = None, exploration: str = ""):
     table = [{"stage": stage, "problem": problem, "aicg_tflops": aicg, "aicg_kernel": "w",
               "peer": "F.linear (cuBLAS)", "peer_tflops": 400.0, "peer_error": None}]
     args = {"stages": [stage], **({"flush": flush} if flush else {})}
     path.write_text(json.dumps({"device": {"name": "GPU G"}, "hwdb": "h100-sxm", "table": table, "summary": {},
-                                "cases": [], "args": args}))
+                                "cases": [], "args": args, **({"exploration": exploration} if exploration else {})}))
 
 
-def test_each_matrix_stage_comes_from_the_latest_date_that_ran_it_and_a_memset_comparison_is_no_figure(tmp_path):
+def test_each_matrix_stage_comes_from_the_latest_date_that_ran_it_and_a_memset_or_exploration_is_no_figure(tmp_path):
     _matrix_run(tmp_path / "2026-02-01-g-matmul.json", "square", "64x32x16 bfloat16 kk plain", 500.0)
     _matrix_run(tmp_path / "2026-02-01-g-matmul-grid.json", "grid", "1x32x16 bfloat16 kk plain", 1.0)
     _matrix_run(tmp_path / "2026-02-02-g-matmul-grid.json", "grid", "1x32x16 bfloat16 kk plain", 2.0)
     _matrix_run(tmp_path / "2026-02-03-g-matmul-memset.json", "grid", "1x32x16 bfloat16 kk plain", 3.0, flush="write")
+    _matrix_run(tmp_path / "2026-02-04-g-matmul-untried.json", "grid", "1x32x16 bfloat16 kk plain", 0.5,
+                exploration="some untried settings alone")
     day = bench.latest(bench.runs(tmp_path), bench.MATRIX)
     assert [r.name for r in day] == ["2026-02-01-g-matmul.json", "2026-02-02-g-matmul-grid.json"]
     cases = {c["stage"]: c["aicg_tflops"] for c in bench.matrix_cases(day)}
-    assert cases == {"square": 500.0, "grid": 2.0}      # the grid of 02-02 replaces 02-01's; 02-03's is a memset check
+    assert cases == {"square": 500.0, "grid": 2.0}   # the grid of 02-02 replaces 02-01's; 02-03's and 02-04's are no figure
     assert "square 2026-02-01; grid 2026-02-02" in tables.readme_headline(bench.runs(tmp_path), REPO / "hwdb")

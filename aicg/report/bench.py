@@ -54,6 +54,8 @@ def read(path: Path) -> Run:
     kind = ROWS if "rows" in data else MATRIX if "table" in data else OTHER
     if kind == MATRIX and (data.get("args") or {}).get("flush") == "write":
         kind = OTHER    # a matrix run under the memset flush, kept to compare the flushes, not a current figure
+    if kind == MATRIX and data.get("exploration"):
+        kind = OTHER    # a run that timed some settings to learn about them, not the best the bench knows
     device = data.get("device")
     device = device.get("name") if isinstance(device, dict) else device
     if not isinstance(device, str):
