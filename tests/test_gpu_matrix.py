@@ -93,6 +93,26 @@ def runner():
     return Runner()
 
 
+@pytest.fixture(scope="module")
+def compiled(request, device):
+    """name -> {cubin, problems} for each collected case of this module the GPU runs, compiled up front
+    in processes of their own (aicg/matrix/lab.compile_all): one at a time they would take a second or
+    more each of the GPU node's time, 234 cases in a row."""
+    from aicg.matrix import lab
+    info, limits = device
+    reals = [item.callspec.params["real"] for item in request.session.items
+             if item.module is request.module and "real" in getattr(getattr(item, "callspec", None), "params", {})]
+    by_arch: dict[str, list] = {}
+    for real in dict.fromkeys(reals):
+        if space.templates()[real.template].runs_on(info.compute_capability) and \
+                not RULES[real.template].violations(real, limits):
+            by_arch.setdefault(build.arch_for(real, info.compute_capability), []).append(real)
+    found = {}
+    for arch, group in by_arch.items():
+        found.update(lab.compile_all(group, arch, build.KERNELS_DIR))
+    return found
+
+
 def padded_problem(real, m, n, k) -> Problem:
     base = Problem(m, n, k, real.dtype, real.a_major, real.b_major, real.epilogue)
     pad = lambda x: -(-x // 8) * 8   # noqa: E731
@@ -101,20 +121,20 @@ def padded_problem(real, m, n, k) -> Problem:
 
 
 @pytest.mark.parametrize("real", cases(), ids=lambda r: r.name)
-def test_realisation_matches_float64(real, device, runner):
+def test_realisation_matches_float64(real, device, runner, compiled):
     info, limits = device
     if not space.templates()[real.template].runs_on(info.compute_capability):
         pytest.skip(f"{real.template} does not run on compute capability {info.compute_capability}")
     if RULES[real.template].violations(real, limits):
         pytest.skip("; ".join(RULES[real.template].violations(real, limits)))
-    built = build.compile_realisation(real, build.arch_for(real, info.compute_capability))
-    assert build.healthy(built) == []
+    built = compiled[real.name]
+    assert built["problems"] == []
     failures, ran = [], 0
     for m, n, k in (DECODE_SHAPES if real.template == "gemv" else SHAPES):
         problem = padded_problem(real, m, n, k)
         if RULES[real.template].unsupported(real, problem):
             continue
-        result = runner.run(real, built.cubin, problem)
+        result = runner.run(real, built["cubin"], problem)
         ran += 1
         validation = result.get("validation", {})
         if validation.get("status") != "passed":
