@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cas, digest, trust
+from .. import jit_cache
 from . import build, check
 from . import space as space_mod
 from .space import Candidate, Decision, Space
@@ -117,8 +117,7 @@ class BackwardJit:
                                               check_shapes=shapes, trials=prof.validation_trials)
             status, reason = report["status"], check.why_failed(report)
             if status in ("passed", "failed"):     # "unvalidated" (not the target GPU) is no outcome to keep
-                meta["validation"][hardware.name] = status
-                self._write_record(self.cache_dir / f"{meta['key']}.json", meta)
+                self.cache.keep_outcome(meta, hardware.name, status)
             self.events.append({"op": candidate.op, "dtype": candidate.dtype, "shape": [rows, cols],
                                 "candidate": candidate.id, "validated": status,
                                 "seconds": time.perf_counter() - began, **({"reason": reason} if reason else {})})
@@ -134,31 +133,21 @@ class BackwardJit:
 
     # --- the cache -------------------------------------------------------------------------
 
-    def _read_record(self, path: Path) -> dict | None:
-        return trust.read_json_record(path, self.signing_key)
-
-    def _write_record(self, path: Path, record: dict) -> None:
-        trust.write_json_record(path, record, self.signing_key)
+    @property
+    def cache(self) -> jit_cache.CubinCache:
+        return jit_cache.CubinCache(self.cache_dir, self.signing_key)
 
     def _cached_or_compiled(self, candidate: Candidate) -> tuple[bytes, dict, str]:
         arch = self.planning.hardware.arch
         key = build.compile_key(self.space, candidate, arch)
-        meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
-        meta = self._read_record(meta_path)
-        if meta is not None and cubin_path.is_file():
-            cubin = cubin_path.read_bytes()
-            if (digest.of_bytes(cubin) == meta.get("cubin_digest") and isinstance(meta.get("validation"), dict)
-                    and isinstance(meta.get("resources"), dict)):
-                return cubin, meta, "jit cache"
-            log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
+        cached = self.cache.get(key, tables=("validation", "resources"))
+        if cached is not None:
+            return (*cached, "jit cache")
         began = time.perf_counter()
         cubin, resources, _ = build.compile_candidate(self.space, candidate, arch)
         seconds = time.perf_counter() - began
-        meta = {"key": key, "candidate": candidate.as_record(), "id": candidate.id, "arch": arch,
-                "cubin_digest": digest.of_bytes(cubin), "resources": resources, "compile_seconds": seconds,
-                "validation": {}}
-        cas.write_atomic(cubin_path, cubin)
-        self._write_record(meta_path, meta)
+        meta = self.cache.put(key, cubin, {"candidate": candidate.as_record(), "id": candidate.id, "arch": arch,
+                                           "resources": resources, "compile_seconds": seconds})
         self.events.append({"op": candidate.op, "dtype": candidate.dtype, "candidate": candidate.id, "compiled": True,
                             "seconds": seconds})
         log.info("aicg: compiled %s in %.2f s", candidate.id, seconds)

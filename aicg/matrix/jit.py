@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cas, digest, trust
+from .. import digest, jit_cache, trust
 from .problem import Problem
 from .space import Realisation
 
@@ -106,11 +106,15 @@ class MatrixJit:
 
     # --- records ------------------------------------------------------------------------------------
 
+    @property
+    def cache(self) -> jit_cache.CubinCache:
+        return jit_cache.CubinCache(self.cache_dir, self.signing_key)
+
     def _read(self, path: Path) -> dict | None:
-        return trust.read_json_record(path, self.signing_key)
+        return self.cache.read_record(path)
 
     def _write(self, path: Path, record: dict) -> None:
-        trust.write_json_record(path, record, self.signing_key)
+        self.cache.write_record(path, record)
 
     def _choice_path(self, class_name: str, problem: Problem, gpu: str) -> Path:
         key = digest.of_value({"class": class_name, "shape": [problem.m, problem.n, problem.k], "gpu": gpu})
@@ -127,17 +131,13 @@ class MatrixJit:
         arch = build.arch_for(real, tuple(inputs.hardware.compute_capability))
         key = digest.of_value({"source": source, "headers": {n: digest.of_bytes(b) for n, b in headers.items()},
                                "arch": arch, "options": list(nvrtc.OPTIONS), "toolchain": toolchain.identity()})
-        meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
-        meta = self._read(meta_path)
-        cubin = digest.read_checked(cubin_path, meta.get("cubin_digest")) if meta is not None else None
-        if cubin is not None and isinstance(meta.get("validation"), dict):
-            return cubin, meta
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
         began = time.perf_counter()
         built = build.compile_source(real, source, f"{real.name}.cu", headers, arch)
-        meta = {"key": key, "realisation": real.as_dict(), "cubin_digest": digest.of_bytes(built.cubin),
-                "report": built.report, "compile_seconds": time.perf_counter() - began, "validation": {}}
-        cas.write_atomic(cubin_path, built.cubin)
-        self._write(meta_path, meta)
+        meta = self.cache.put(key, built.cubin, {"realisation": real.as_dict(), "report": built.report,
+                                                 "compile_seconds": time.perf_counter() - began})
         self.events.append({"op": "matmul", "candidate": f"matmul.{real.name}", "compiled": True,
                             "seconds": meta["compile_seconds"]})
         return built.cubin, meta
@@ -159,14 +159,10 @@ class MatrixJit:
             log.warning("aicg: %s is not a choice this JIT writes; the shape keeps its packaged kernel",
                         self._choice_path(class_name, problem, self.gpu))
             return None
-        meta = self._read(self.cache_dir / f"{key}.json")
-        if meta is None or meta.get("validation", {}).get(self.gpu) != "passed":
+        cached = self.cache.get(key)     # a cubin that does not check out is said so in the log
+        if cached is None or cached[1]["validation"].get(self.gpu) != "passed":
             return None
-        cubin = digest.read_checked(self.cache_dir / f"{key}.cubin", meta.get("cubin_digest"))
-        if cubin is None:
-            log.warning("aicg: %s is missing or does not match its digest; the shape keeps its packaged kernel",
-                        self.cache_dir / f"{key}.cubin")
-            return None
+        cubin, meta = cached
         real = Realisation.from_dict(meta["realisation"])
         return Kernel(f"matmul.{real.name}", real, cubin) if f"matmul.{real.name}" == candidate else None
 
@@ -193,8 +189,7 @@ class MatrixJit:
                 report = meta["report"]
             outcome = validation.validate_on_device(real, cubin, report, hardware, [shape], repetitions)
             if meta is not None and outcome["status"] in ("passed", "failed"):
-                meta["validation"][hardware.name] = outcome["status"]
-                self._write(self.cache_dir / f"{meta['key']}.json", meta)
+                self.cache.keep_outcome(meta, hardware.name, outcome["status"])
             seconds = outcome["timings"][0]["median_seconds"] if outcome["status"] == "passed" else None
             tried[cand_id] = {"status": outcome["status"], "reason": outcome.get("reason"), "seconds": seconds,
                               "origin": "packaged" if meta is None else "jit", "key": meta and meta["key"],

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cas, codegen, digest, nvrtc, occupancy, planning, trust
+from .. import codegen, digest, jit_cache, nvrtc, occupancy, planning, trust
 
 log = logging.getLogger("aicg.jit")
 
@@ -119,11 +119,15 @@ class Jit:
     events: list[dict] = field(default_factory=list)
     _planning: planning.Planning | None = None
 
+    @property
+    def cache(self) -> jit_cache.CubinCache:
+        return jit_cache.CubinCache(self.cache_dir, self.signing_key)
+
     def _read_record(self, path: Path) -> dict | None:
-        return trust.read_json_record(path, self.signing_key)
+        return self.cache.read_record(path)
 
     def _write_record(self, path: Path, record: dict) -> None:
-        trust.write_json_record(path, record, self.signing_key)
+        self.cache.write_record(path, record)
 
     @property
     def source(self) -> Path:
@@ -214,8 +218,7 @@ class Jit:
             report = validate(cubin, cand.params, validation_shape(cand.params, rows, cols))
             status = report["status"]
             if status in ("passed", "failed"):    # "unvalidated" (not the target GPU) is no outcome to keep
-                meta["validation"][planned.hardware.name] = status
-                self._write_meta(meta)
+                self.cache.keep_outcome(meta, planned.hardware.name, status)
             self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "candidate": cand.id,
                                 "validated": status, "seconds": time.perf_counter() - began,
                                 **({"reason": report["reason"]} if report.get("reason") else {})})
@@ -242,13 +245,9 @@ class Jit:
         """(cubin, metadata, origin); the metadata holds ptxas's resource report. `before_compiling()`
         is called where the kernel is not in the cache, before NVRTC runs."""
         source, headers, arch, key = self._compile_inputs(cand, planned)
-        meta_path, cubin_path = self.cache_dir / f"{key}.json", self.cache_dir / f"{key}.cubin"
-        meta = self._read_record(meta_path)
-        if meta is not None and cubin_path.is_file():
-            cubin = digest.read_checked(cubin_path, meta.get("cubin_digest"))
-            if cubin is not None and isinstance(meta.get("validation"), dict):
-                return cubin, meta, "jit cache"
-            log.warning("aicg: %s does not match its digest; compiling it again", cubin_path)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return (*cached, "jit cache")
         if before_compiling is not None:
             before_compiling()
         began = time.perf_counter()
@@ -256,14 +255,9 @@ class Jit:
                                                              planned.hardware.fact("registers_per_sm"),
                                                              concurrent=True)   # a caller waits on it
         seconds = time.perf_counter() - began
-        meta = {"key": key, "candidate": cand.id, "params": cand.params, "cubin_digest": digest.of_bytes(cubin),
-                "resources": resources, "compile_seconds": seconds, "validation": {}}
-        cas.write_atomic(cubin_path, cubin)
-        self._write_meta(meta)
+        meta = self.cache.put(key, cubin, {"candidate": cand.id, "params": cand.params, "resources": resources,
+                                           "compile_seconds": seconds})
         self.events.append({"op": cand.op, "dtype": cand.dtype, "candidate": cand.id, "compiled": True,
                             "seconds": seconds, "spilled": _spills(resources)})
         log.info("aicg: compiled %s in %.2f s", cand.id, seconds)
         return cubin, meta, "compiled"
-
-    def _write_meta(self, meta: dict) -> None:
-        self._write_record(self.cache_dir / f"{meta['key']}.json", meta)
