@@ -396,14 +396,8 @@ class Bench:
         without an hwdb entry for the GPU present."""
         if self.record is None:
             return None
-        from aicg.matrix import calibration, prior
-        values = prior.values(prior.inputs(self.record))
-        measured, _ = calibration.of_target(ROOT / "hwdb", self.record)
-
-        def seconds(real: Realisation, problem: Problem) -> float:
-            modelled = prior.predict_seconds(real, problem, values)
-            return measured.cautious_seconds(real, problem, modelled) if measured else modelled
-        return seconds
+        from aicg.matrix import calibration
+        return calibration.ranking_seconds(ROOT / "hwdb", self.record)
 
     def shape_candidates(self, problem: Problem, tops: list[Realisation], predicted) -> list[Realisation]:
         """What the grid times at `problem`: `tops`, the first --grid-ranked K-major realisations

@@ -1,0 +1,103 @@
+"""How well the calibrated matrix prior ranks what a GPU measured, from the recorded runs alone.
+
+    python tests/bench/prior_quality.py [--device "NVIDIA H100 80GB HBM3"] [--top 3] [--json out.json]
+
+A build times only the first few realisations the prior ranks at each shape (the planner's
+`candidates_per_family`), so the prior's worth is what that costs. For each grid problem of the
+device's recorded matrix runs (docs/bench/: tests/bench/matmul_bench.py; explorations included,
+cases timed after a memset of the L2 left out), the realisations timed there and validated
+are ranked as the planner ranks them today (aicg/matrix/calibration.ranking_seconds: the model
+with the device's hwdb entry, calibrated by its matrix profile). The loss of a problem is the best
+time among the prior's first --top over the best time of all it timed: 1.00 where the prior
+would have built the fastest. A realisation timed in several runs counts with its latest time.
+No GPU needed: edit the prior or re-measure its calibration, and run this again.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from aicg.matrix import calibration, device, plan, space  # noqa: E402
+from aicg.matrix.problem import Problem  # noqa: E402
+from aicg.report import bench  # noqa: E402
+
+TEMPLATES = ("wgmma", "mma", "gemv")
+
+
+def known_realisations() -> dict:
+    """name -> realisation, for every K-major bf16 setting without an epilogue that the grid can time:
+    the space's tried ones and the planner's."""
+    found = {}
+    for template in TEMPLATES:
+        for setting in [*space.templates()[template].tried, *plan.settings(template)]:
+            real = space.realisation(template, "bfloat16", "k", "k", **setting)
+            found[real.name] = real
+    return found
+
+
+def measured_grid(runs: list, device_name: str) -> dict[str, dict[str, float]]:
+    """problem name -> {realisation name: median seconds} of the grid cases that passed validation."""
+    found: dict[str, dict[str, float]] = {}
+    for run in runs:
+        if run.device != device_name or "table" not in run.data:
+            continue
+        for case in run.data.get("cases", []):
+            timing, validation = case.get("timing") or {}, case.get("validation") or {}
+            # timed after a read of the L2 (runs before the flush was named used a memset)
+            if case.get("stage") == "grid" and timing.get("l2_flush") == "read" and validation.get("status") == "passed":
+                found.setdefault(case["problem"], {})[case["realisation"]] = timing["median_seconds"]
+    return found
+
+
+def losses(measured: dict[str, dict[str, float]], seconds, top: int) -> tuple[list[dict], int]:
+    """One row per problem (its timed count, best time and realisation, the prior's first, the loss),
+    and how many timed realisations are not in the space any more (left out)."""
+    reals, rows, unknown = known_realisations(), [], 0
+    for name, timed in sorted(measured.items(), key=lambda item: tuple(int(x) for x in item[0].split()[0].split("x"))):
+        m, n, k = (int(x) for x in name.split()[0].split("x"))
+        problem = Problem(m, n, k, "bfloat16", "k", "k")
+        known = {r: t for r, t in timed.items() if r in reals}
+        unknown += len(timed) - len(known)
+        if not known:
+            continue
+        ranked = sorted(known, key=lambda r: (seconds(reals[r], problem), r))
+        best = min(known, key=known.get)
+        rows.append({"problem": name, "timed": len(known), "best": best, "best_seconds": known[best],
+                     "prior_first": ranked[0], "loss": min(known[r] for r in ranked[:top]) / known[best]})
+    return rows, unknown
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="NVIDIA H100 80GB HBM3", help="the GPU's name as the runs record it")
+    parser.add_argument("--top", type=int, default=3, help="realisations a build times at a shape")
+    parser.add_argument("--bench-dir", default=str(ROOT / "docs" / "bench"))
+    parser.add_argument("--json", help="write the rows and the summary here")
+    args = parser.parse_args(argv)
+    record = device.hardware_entry(args.device)
+    if record is None:
+        raise SystemExit(f"hwdb/ has no entry naming {args.device!r}")
+    measured = measured_grid(bench.runs(Path(args.bench_dir)), args.device)
+    if not measured:
+        raise SystemExit(f"{args.bench_dir}: no recorded grid case of {args.device}")
+    rows, unknown = losses(measured, calibration.ranking_seconds(ROOT / "hwdb", record), args.top)
+    for r in rows:
+        print(f"{r['problem'].split()[0]:>18}  timed {r['timed']:2d}  loss {r['loss']:.3f}  "
+              f"best {r['best_seconds'] * 1e6:8.1f} us {r['best']}  prior's first {r['prior_first']}")
+    geo = math.exp(sum(math.log(r["loss"]) for r in rows) / len(rows))
+    worst = max(rows, key=lambda r: r["loss"])
+    print(f"{len(rows)} problems: the prior's first {args.top} lose {geo:.3f} (geometric mean), worst {worst['loss']:.3f} "
+          f"at {worst['problem'].split()[0]}" + (f"; {unknown} timed realisations no longer in the space" if unknown else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": args.device, "top": args.top, "rows": rows,
+                                               "geomean_loss": geo, "unknown": unknown}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
