@@ -13,7 +13,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 from .. import cli_layout, nvrtc
 from ..errors import DeviceError
