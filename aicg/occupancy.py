@@ -13,14 +13,13 @@ not asked: two of them leave 32 registers a thread, fewer than any held row need
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
 
 from . import codegen, digest, nvrtc
 
 ASKED_BLOCKS = 2
 MOST_THREADS_ASKED = 512
 SPILL_KEPT_BYTES = 16     # four words a thread stored
-_BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aicg-nvrtc")
 POLICY = {"asked_blocks": ASKED_BLOCKS, "most_threads_asked": MOST_THREADS_ASKED, "spill_kept_bytes": SPILL_KEPT_BYTES}
 
 
@@ -58,7 +57,7 @@ def compile_candidate(source: str, source_name: str, headers: dict[str, bytes], 
     asked = codegen.with_min_blocks(source, params["threads"], ASKED_BLOCKS) if may_ask(params) else None
     speculative = None
     if concurrent and asked is not None:
-        speculative = _BACKGROUND.submit(nvrtc.compile_cubin, asked, source_name, headers, arch)
+        speculative = _Background(nvrtc.compile_cubin, asked, source_name, headers, arch)
     cubin, report, log = nvrtc.compile_cubin(source, source_name, headers, arch)
     if not worth_asking(params, report, registers_per_sm):
         return cubin, {**report, "asked_blocks": 0, "min_blocks": 0}, log
@@ -68,3 +67,26 @@ def compile_candidate(source: str, source_name: str, headers: dict[str, bytes], 
     if bounded_report["reported"] and bounded_report["spill_store_bytes"] <= SPILL_KEPT_BYTES:
         return bounded, {**bounded_report, "asked_blocks": ASKED_BLOCKS, "min_blocks": ASKED_BLOCKS}, bounded_log
     return cubin, {**report, "asked_blocks": ASKED_BLOCKS, "min_blocks": 0}, log
+
+
+class _Background:
+    """A call on a thread of its own, started now, its result (or exception) taken later. A thread a
+    call, not a pool: a pool's worker does not survive a fork, and a child process would wait on it
+    for ever."""
+
+    def __init__(self, function, *args):
+        self._value, self._error = None, None
+        self._thread = threading.Thread(target=self._run, args=(function, args), name="aicg-nvrtc", daemon=True)
+        self._thread.start()
+
+    def _run(self, function, args) -> None:
+        try:
+            self._value = function(*args)
+        except BaseException as err:    # handed to the caller of result()
+            self._error = err
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value

@@ -79,3 +79,24 @@ def test_the_compile_key_names_the_policy_and_the_register_file():
     key = occupancy.compile_key("src", {"a.cuh": "d"}, "sm_90", held(512, 8), REGISTERS_PER_SM)
     assert key != occupancy.compile_key("src", {"a.cuh": "d"}, "sm_90", held(512, 8), REGISTERS_PER_SM // 2)
     assert key != occupancy.compile_key("src", {"a.cuh": "d"}, "sm_90", held(512, 4), REGISTERS_PER_SM)
+
+
+def _compile_concurrently(source, headers, params) -> None:
+    occupancy.compile_candidate(source, "occupancy.cu", headers, "sm_90", params, REGISTERS_PER_SM, concurrent=True)
+
+
+def test_a_process_forked_after_a_concurrent_build_builds_concurrently_too(shipped_ruleset, repo):
+    """The second build runs on a thread of its own: a forked child has no pool worker to wait on."""
+    import multiprocessing
+    family = shipped_ruleset.families["layernorm_twopass"]
+    source = codegen.source("occupancy", family, "bfloat16", held(512, 8))
+    headers = nvrtc.include_closure(family.header, repo / "kernels")
+    _compile_concurrently(source, headers, held(512, 8))
+    child = multiprocessing.get_context("fork").Process(target=_compile_concurrently,
+                                                        args=(source, headers, held(512, 8)))
+    child.start()
+    child.join(120)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
