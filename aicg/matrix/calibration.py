@@ -146,7 +146,6 @@ def of_target(hwdb_dir: Path, hardware: hw.Hardware) -> tuple["Calibration | Non
     return Calibration(found.profile, lambda real, problem: prior.predict_seconds(real, problem, values)), found
 
 
-
 def ranking_seconds(hwdb_dir: Path, hardware: hw.Hardware):
     """(realisation, problem) -> seconds on `hardware` as the planner ranks them: the model read with
     its facts, calibrated by its matrix profile where it has one (Calibration.cautious_seconds)."""
@@ -157,6 +156,7 @@ def ranking_seconds(hwdb_dir: Path, hardware: hw.Hardware):
         modelled = prior.predict_seconds(real, problem, values)
         return measured.cautious_seconds(real, problem, modelled) if measured else modelled
     return seconds
+
 
 def shape_weight(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
     """1 at the same shape, 1/25 at twice or half one of its sizes: what a kernel measured at one shape

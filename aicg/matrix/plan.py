@@ -95,6 +95,22 @@ def settings(template: str):
             yield dict(setting)
 
 
+def runnable_realisations(template: str, dtype: str, a_major: str, b_major: str, epilogue, limits: GpuLimits
+                          ) -> tuple[list[Realisation], list[str]]:
+    """The realisations of `template`'s planned settings that a GPU with `limits` runs (the template's
+    constraints), and the names of those left out as expected to spill."""
+    runnable, spilling = [], []
+    for setting in settings(template):
+        real = space.realisation(template, dtype, a_major, b_major, epilogue, **setting)
+        if RULES[template].violations(real, limits):
+            continue
+        if prior.expected_to_spill(real, limits.registers_per_thread):
+            spilling.append(real.name)
+            continue
+        runnable.append(real)
+    return runnable, spilling
+
+
 def splits_at(real: Realisation, problem: Problem, sm_count: int) -> int:
     """The parts an output's K sum is cut into at `problem` (one more rounding each)."""
     return check.splits_of(real.template, RULES[real.template].geometry(real, problem, sm_count, None))
@@ -128,14 +144,9 @@ def _family_pool(cls: MatmulClass, fam, decided, hw: dict, limits: GpuLimits, rt
     problems = [Problem(m, n, k, cls.dtype, cls.a_major, cls.b_major, cls.epilogue) for m, n, k in cls.shapes]
     tried = [tuple(sorted(s.items())) for s in tpl.tried]
     sm_count = int(hw["sm_count"])
-    pool, illegal, predicted, spilling = [], {}, {}, []
-    for setting in settings(template):
-        real = space.realisation(template, cls.dtype, cls.a_major, cls.b_major, cls.epilogue, **setting)
-        if RULES[template].violations(real, limits):
-            continue
-        if prior.expected_to_spill(real, limits.registers_per_thread):
-            spilling.append(real.name)
-            continue
+    pool, illegal, predicted = [], {}, {}
+    runnable, spilling = runnable_realisations(template, cls.dtype, cls.a_major, cls.b_major, cls.epilogue, limits)
+    for real in runnable:
         rules = fam.rules_of(real)
         blocked = [r for r in rules if not decided.rules[r].legal]
         if blocked:

@@ -403,7 +403,7 @@ class Bench:
         """What the grid times at `problem`: `tops`, the first --grid-ranked K-major realisations
         that take it as the calibrated prior ranks them there out of the space's tried ones that
         passed this run's checks, and (--grid-pool planned) the first --grid-ranked out of the
-        planner's settings (aicg/matrix/plan.settings: what a build at that shape chooses from; the
+        planner's settings (aicg/matrix/plan.py's `settings`: what a build at that shape chooses from; the
         prior ranks some untried ones first that lose to tried ones on the device); each with the
         decode kernel's first where it takes the shape. Without a prior: `tops` and every tried
         decode realisation where M <= 16."""
@@ -421,18 +421,11 @@ class Bench:
 
     def planned_pool(self) -> list[Realisation]:
         """Every K-major bf16 realisation without an epilogue that the planner ranks and this GPU
-        runs (its constraints, and no predicted spill), as build._family_pool forms them."""
-        from aicg.matrix import plan, prior
+        runs (aicg/matrix/plan.runnable_realisations)."""
+        from aicg.matrix import plan
         if self._planned is None:
-            self._planned = []
-            for template in ("wgmma", "mma", "gemv"):
-                if not space.templates()[template].runs_on(self.cc):
-                    continue
-                for setting in plan.settings(template):
-                    real = space.realisation(template, "bfloat16", "k", "k", **setting)
-                    if not RULES[template].violations(real, self.limits) and \
-                            not prior.expected_to_spill(real, self.limits.registers_per_thread):
-                        self._planned.append(real)
+            self._planned = [r for t in ("wgmma", "mma", "gemv") if space.templates()[t].runs_on(self.cc)
+                             for r in plan.runnable_realisations(t, "bfloat16", "k", "k", Epilogue(), self.limits)[0]]
         return self._planned
 
     def compile_missing(self, reals: list[Realisation]) -> None:

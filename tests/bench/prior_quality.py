@@ -32,13 +32,9 @@ TEMPLATES = ("wgmma", "mma", "gemv")
 
 def known_realisations() -> dict:
     """name -> realisation, for every K-major bf16 setting without an epilogue that the grid can time:
-    the space's tried ones and the planner's."""
-    found = {}
-    for template in TEMPLATES:
-        for setting in [*space.templates()[template].tried, *plan.settings(template)]:
-            real = space.realisation(template, "bfloat16", "k", "k", **setting)
-            found[real.name] = real
-    return found
+    the planner's settings, the space's tried ones among them."""
+    reals = (space.realisation(t, "bfloat16", "k", "k", **setting) for t in TEMPLATES for setting in plan.settings(t))
+    return {real.name: real for real in reals}
 
 
 def measured_grid(runs: list, device_name: str) -> dict[str, dict[str, float]]:
