@@ -67,7 +67,9 @@ class MatmulKernel:
         self.real, self.rules = real, RULES[real.template]
         self.kernel = driver.Kernel(cubin, codegen.ENTRY)
         self.shared_bytes = self.rules.dynamic_shared_bytes(real)
-        if self.shared_bytes > 48 * 1024:
+        # beyond 48 KiB a block (static and dynamic together) needs the opt-in: a 48 KiB ring beside
+        # a few static bytes failed to launch without it
+        if self.shared_bytes + self.kernel.attribute("SHARED_SIZE_BYTES") > 48 * 1024:
             self.kernel.allow_shared_bytes(self.shared_bytes)
         cu = _cu()
         device = driver.check(cu.cuCtxGetDevice())
