@@ -133,3 +133,21 @@ def test_the_grid_ranks_the_planners_settings_unless_told_the_tried_ones(bench, 
     made.args = bench.parse(["--grid-pool", "tried"])
     tried = made.shape_candidates(problem, [], predicted)
     assert all(r.name in tried_names for r in tried) and set(tried) < set(both)   # the tried ranking stays
+
+
+def test_decode_floor_variants_still_find_the_lines_they_replace(bench_module, repo):
+    """tests/bench/decode_floor.py's variants edit gemv.cuh by its text: each must still apply, and
+    leave out only what it says (the reduction returns before its fence; A's loads become a constant)."""
+    floor = bench_module("decode_floor")
+    text = (repo / "kernels/matrix/gemv.cuh").read_text()
+    assert floor.variant_header(text, "base") == text
+    noreduce = floor.variant_header(text, "noreduce")
+    assert noreduce.count("  return;\n" + floor.REDUCE_START) == 1
+    no_a = floor.variant_header(text, "noA")
+    assert "load_shared_input_16(a_lo_row" not in no_a and "load_shared_input_16(a_hi_row" not in no_a
+    both = floor.variant_header(text, "noA+noreduce")
+    assert "load_shared_input_16(a_lo_row" not in both and "  return;\n" + floor.REDUCE_START in both
+    with pytest.raises(ValueError):
+        floor.variant_header(text, "nomath")
+    with pytest.raises(ValueError):
+        floor.variant_header(text.replace(floor.REDUCE_START, ""), "noreduce")

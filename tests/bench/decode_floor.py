@@ -1,0 +1,165 @@
+"""Where a decode GEMV's time goes, on the GPU node: the weight's bytes against what a pure read of
+them costs, timed alike (CUDA events around the launch, the L2 evicted by a read first, the median).
+
+    python tests/bench/decode_floor.py --json floor.json [--stages-left-out]
+
+Times, at M = 1 and 16 and K = 4096 over N = 1024 .. 28672: an empty kernel (what the events alone
+measure), a read of the weight's bytes by a grid-stride kernel at three grid sizes (the floor), the
+decode kernel's first settings, and cuBLAS (`F.linear`). With --stages-left-out, variants of
+gemv.cuh that leave a stage out instead (their results are not valid, only their times):
+`noreduce` stores each part and skips the fence, the ticket and the read back; `noA` loads no A
+(a constant instead); `noA+noreduce` both. docs/performance.md says what they showed."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from aicg import nvrtc  # noqa: E402
+from aicg.matrix import build, codegen, space, timing, worker  # noqa: E402
+from aicg.matrix.problem import Problem  # noqa: E402
+from aicg.runtime import driver  # noqa: E402
+
+K = 4096
+NS = (1024, 2048, 4096, 6144, 8192, 14336, 28672)
+READ_SOURCE = r"""
+extern "C" __global__ void read_bytes(const uint4* p, long long n, unsigned* sink) {
+  unsigned f = 0;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    f ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n; i += stride) { uint4 a = __ldg(p + i); f ^= a.x; }
+  if (f == 0x9e3779b9u) *sink = f;   // never true for the bytes written: the loads stay
+}
+extern "C" __global__ void empty_kernel() {}
+"""
+SETTINGS = (dict(warps=4, tiles=2, unroll=8, ring=0, spread="splits"),
+            dict(warps=4, tiles=2, unroll=8, ring=0, spread="even"),
+            dict(warps=8, tiles=2, unroll=4, ring=0, spread="splits"),
+            dict(warps=4, tiles=1, unroll=8, ring=4, spread="even"))
+# gemv.cuh's lines a variant replaces, and with what
+A_LOADS = ("const uint4 lo = (k_ok && a_lo) ? load_shared_input_16(a_lo_row + kk) : zero;",
+           "const uint4 hi = (k_ok && a_hi) ? load_shared_input_16(a_hi_row + kk) : zero;")
+A_CONSTANT = ("const uint4 lo = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);",
+              "const uint4 hi = lo;")
+REDUCE_START = "  __threadfence();\n  __syncthreads();\n  // Every thread"
+VARIANTS = ("base", "noreduce", "noA", "noA+noreduce")
+
+
+def median_us(launch, flush, repetitions=30) -> float:
+    return timing.median_seconds(launch, flush, repetitions)["median_seconds"] * 1e6
+
+
+def floor(out: dict, flush, sms: int) -> None:
+    cubin, _, _ = nvrtc.compile_cubin(READ_SOURCE, "decode_floor.cu", {}, "sm_90")
+    read, empty = driver.Kernel(cubin, "read_bytes"), driver.Kernel(cubin, "empty_kernel")
+    sink = driver.Buffer(4)
+    out["empty_us"] = median_us(lambda: empty.launch(1, 32, [], 0), flush, 50)
+    for n in NS:
+        nbytes = n * K * 2
+        buffer = driver.Buffer(nbytes)
+        buffer.fill_byte(1)
+        for blocks, threads in ((sms * 4, 512), (sms * 8, 256), (sms * 16, 256)):
+            args = [(buffer.ptr, "ptr"), (nbytes // 16, "i64"), (sink.ptr, "ptr")]
+            us = median_us(lambda: read.launch(blocks, threads, args, 0), flush)
+            out["read"].append({"bytes": nbytes, "blocks": blocks, "threads": threads, "us": us})
+            print("read", out["read"][-1], flush=True)
+        buffer.free()
+
+
+def variant_header(text: str, variant: str) -> str:
+    """gemv.cuh's text with the stages `variant` leaves out taken out."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    if "noA" in variant:
+        for line, constant in zip(A_LOADS, A_CONSTANT):
+            if line not in text:
+                raise ValueError(f"gemv.cuh no longer has {line!r}: the noA variant needs updating")
+            text = text.replace(line, constant)
+    if "noreduce" in variant:
+        if REDUCE_START not in text:
+            raise ValueError("gemv.cuh's reduction no longer starts as the noreduce variant expects")
+        text = text.replace(REDUCE_START, "  return;\n" + REDUCE_START)
+    return text
+
+
+def gemv_variant(knobs: dict, variant: str):
+    real = space.realisation("gemv", "bfloat16", "k", "k", **knobs)
+    headers = build.headers(real)
+    headers["matrix/gemv.cuh"] = variant_header(headers["matrix/gemv.cuh"].decode(), variant).encode()
+    built = build.compile_source(real, codegen.source(real), f"{real.name}.cu", headers, build.arch_for(real, (9, 0)))
+    return real, built
+
+
+def kernels(out: dict, plan) -> None:
+    for knobs, variant in plan:
+        real, built = gemv_variant(knobs, variant)
+        for n in NS:
+            for m in (1, 16):
+                problem = Problem(m, n, K, "bfloat16", "k", "k")
+                r = worker.run_case(real.as_dict(), built.cubin, problem.as_dict(),
+                                    validate=variant == "base" and n == 4096, repetitions=30)
+                rec = {"realisation": real.name, "variant": variant, "registers": built.report.get("registers"),
+                       "m": m, "n": n, "grid": r["geometry"]["grid"],
+                       "validation": r.get("validation", {}).get("status"),
+                       "us": r.get("timing", {}).get("median_seconds", 0) * 1e6}
+                out["gemv"].append(rec)
+                print(rec, flush=True)
+
+
+def cublas(out: dict) -> None:
+    import torch
+    sys.path.insert(0, str(Path(__file__).parent))
+    from l2 import l2_flush
+    flush = l2_flush("read")
+
+    def us(fn, repetitions=30):
+        for _ in range(3):
+            fn()
+        samples = []
+        for _ in range(repetitions):
+            flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        return statistics.median(samples)
+    for n in NS:
+        w = torch.randn(n, K, device="cuda", dtype=torch.bfloat16)
+        for m in (1, 16):
+            x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+            out["cublas"].append({"m": m, "n": n, "us": us(lambda: torch.nn.functional.linear(x, w))})
+            print("cuBLAS", out["cublas"][-1], flush=True)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", required=True, help="where the figures go")
+    p.add_argument("--stages-left-out", action="store_true", help="time gemv.cuh's variants instead")
+    args = p.parse_args(argv)
+    driver.use_primary_context()
+    info = driver.probe_device()
+    out = {"device": info.name, "k": K, "method": "CUDA events around the launch, the L2 evicted by a read, median",
+           "read": [], "gemv": [], "cublas": []}
+    flush = timing.L2Flush("read")
+    if args.stages_left_out:
+        kernels(out, [(SETTINGS[0], v) for v in VARIANTS])
+    else:
+        floor(out, flush, info.sm_count)
+        kernels(out, [(s, "base") for s in SETTINGS])
+        cublas(out)
+    Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
