@@ -147,6 +147,10 @@ def test_decode_floor_variants_still_find_the_lines_they_replace(bench_module, r
     assert "load_shared_input_16(a_lo_row" not in no_a and "load_shared_input_16(a_hi_row" not in no_a
     both = floor.variant_header(text, "noA+noreduce")
     assert "load_shared_input_16(a_lo_row" not in both and "  return;\n" + floor.REDUCE_START in both
+    for variant in ("chunked", "onefence", "chunked+onefence"):
+        changed = floor.variant_header(text, variant)
+        assert (floor.READ_BACK_CHUNKED in changed) == ("chunked" in variant)
+        assert (floor.FENCE_ONE in changed) == ("onefence" in variant)
     with pytest.raises(ValueError):
         floor.variant_header(text, "nomath")
     with pytest.raises(ValueError):

@@ -8,7 +8,9 @@ measure), a read of the weight's bytes by a grid-stride kernel at three grid siz
 decode kernel's first settings, and cuBLAS (`F.linear`). With --stages-left-out, variants of
 gemv.cuh that leave a stage out instead (their results are not valid, only their times):
 `noreduce` stores each part and skips the fence, the ticket and the read back; `noA` loads no A
-(a constant instead); `noA+noreduce` both. docs/performance.md says what they showed."""
+(a constant instead); `noA+noreduce` both. And two candidate changes, valid (validated at N =
+4096): `chunked` reads the parts back four at a time, `onefence` fences once a CTA, after its
+barrier, instead of once a thread before it. docs/performance.md says what they showed."""
 from __future__ import annotations
 
 import argparse
@@ -20,12 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from aicg import nvrtc  # noqa: E402
+from aicg import codegen as aicg_codegen, nvrtc  # noqa: E402
 from aicg.matrix import build, codegen, space, timing, worker  # noqa: E402
 from aicg.matrix.problem import Problem  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
 
 K = 4096
+REGISTERS_PER_SM = 65536
 NS = (1024, 2048, 4096, 6144, 8192, 14336, 28672)
 READ_SOURCE = r"""
 extern "C" __global__ void read_bytes(const uint4* p, long long n, unsigned* sink) {
@@ -51,7 +54,53 @@ A_LOADS = ("const uint4 lo = (k_ok && a_lo) ? load_shared_input_16(a_lo_row + kk
 A_CONSTANT = ("const uint4 lo = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);",
               "const uint4 hi = lo;")
 REDUCE_START = "  __threadfence();\n  __syncthreads();\n  // Every thread"
-VARIANTS = ("base", "noreduce", "noA", "noA+noreduce")
+# The read back, one part after the other: each part's loads wait for the previous part's adds.
+READ_BACK = """    for (int p = first_part; p < first_part + parts; ++p) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = r + 8 * (e / 2), cc = col + e % 2;
+        if (row < m && cc < n) sum[e] += __ldcg(part_at(p, row, cc));
+      }
+    }
+"""
+# ... in chunks of four parts, their loads issued together, then added in the same order (the same bits)
+READ_BACK_CHUNKED = """    const int end = first_part + parts;
+    for (int p0 = first_part; p0 < end; p0 += 4) {
+      float v[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = r + 8 * (e / 2), cc = col + e % 2;
+          v[j][e] = (p0 + j < end && row < m && cc < n) ? __ldcg(part_at(p0 + j, row, cc)) : 0.0f;
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (p0 + j < end) sum[e] += v[j][e];
+    }
+"""
+# Every thread fences its own stores before the barrier; instead thread 0 alone, after it (the
+# barrier orders the CTA's stores before thread 0's fence, which then covers them: the pattern of
+# CUTLASS's split-K semaphore).
+FENCE_ALL = """  __threadfence();
+  __syncthreads();
+  // Every thread read the previous part's verdict before the barrier above, so thread 0 may
+  // overwrite it (the even spread publishes up to two parts a CTA).
+  __shared__ unsigned last;
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == parts - 1;
+"""
+FENCE_ONE = """  __syncthreads();
+  __shared__ unsigned last;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(ticket, 1u) == parts - 1;
+  }
+"""
+# what a variant leaves out makes its results wrong (timed only); the others stay valid (validated too)
+VARIANTS = ("base", "noreduce", "noA", "noA+noreduce", "chunked", "onefence", "chunked+onefence")
+VALID_VARIANTS = ("base", "chunked", "onefence", "chunked+onefence")
 
 
 def median_us(launch, flush, repetitions=30) -> float:
@@ -88,14 +137,29 @@ def variant_header(text: str, variant: str) -> str:
         if REDUCE_START not in text:
             raise ValueError("gemv.cuh's reduction no longer starts as the noreduce variant expects")
         text = text.replace(REDUCE_START, "  return;\n" + REDUCE_START)
+    for name, old, new in (("chunked", READ_BACK, READ_BACK_CHUNKED), ("onefence", FENCE_ALL, FENCE_ONE)):
+        if name in variant.split("+"):
+            if text.count(old) != 1:
+                raise ValueError(f"gemv.cuh no longer has the lines the {name} variant replaces")
+            text = text.replace(old, new)
     return text
 
 
 def gemv_variant(knobs: dict, variant: str):
+    """The realisation and its build with `variant`'s header. A variant that takes more registers
+    than the header as it is is held to as many (a launch bound asking for the CTAs an SM then
+    holds), so that the two differ in what the variant changes and not in their occupancy."""
     real = space.realisation("gemv", "bfloat16", "k", "k", **knobs)
+    arch, src = build.arch_for(real, (9, 0)), codegen.source(real)
+    base = build.compile_realisation(real, arch)
     headers = build.headers(real)
     headers["matrix/gemv.cuh"] = variant_header(headers["matrix/gemv.cuh"].decode(), variant).encode()
-    built = build.compile_source(real, codegen.source(real), f"{real.name}.cu", headers, build.arch_for(real, (9, 0)))
+    built = build.compile_source(real, src, f"{real.name}.cu", headers, arch)
+    if built.report["registers"] > base.report["registers"] and real.settings["spread"] == "splits":
+        threads = 32 * real.settings["warps"]
+        blocks = REGISTERS_PER_SM // (threads * base.report["registers"])
+        built = build.compile_source(real, aicg_codegen.with_min_blocks(src, threads, blocks), f"{real.name}.cu",
+                                     headers, arch)
     return real, built
 
 
@@ -106,7 +170,7 @@ def kernels(out: dict, plan) -> None:
             for m in (1, 16):
                 problem = Problem(m, n, K, "bfloat16", "k", "k")
                 r = worker.run_case(real.as_dict(), built.cubin, problem.as_dict(),
-                                    validate=variant == "base" and n == 4096, repetitions=30)
+                                    validate=variant in VALID_VARIANTS and n == 4096, repetitions=30)
                 rec = {"realisation": real.name, "variant": variant, "registers": built.report.get("registers"),
                        "m": m, "n": n, "grid": r["geometry"]["grid"],
                        "validation": r.get("validation", {}).get("status"),
