@@ -6,6 +6,7 @@ profile's GPU: main's record must not be older than its kernels (a check, not a 
 from __future__ import annotations
 
 import json
+import tomllib
 import shutil
 
 import pytest
@@ -56,3 +57,20 @@ def test_a_build_without_a_gpu_decides_what_the_gpu_build_decided(default_build)
     _, manifest = default_build
     device = json.loads(DEVICE_MANIFEST.read_text())
     assert _decisions(manifest) == _decisions(device)
+
+
+def test_the_matmul_profile_builds_validated_from_the_record(tmp_path):
+    """The H100's matmul profile (rulesets/profiles/matmul.toml) on a machine without a GPU: every
+    kernel its plan picks has a validation in the shipped record, so every workload shape is served
+    by a kernel validated on the target. Fails when a matrix kernel, the matrix prior or its
+    calibration changes without `doit record profile=rulesets/profiles/matmul.toml` on an H100."""
+    for name in ("rulesets", "hwdb", "kernels"):
+        shutil.copytree(REPO / name, tmp_path / name)
+    shutil.copy(REPO / "dodo.py", tmp_path / "dodo.py")
+    run = doit(tmp_path, "build", "profile=rulesets/profiles/matmul.toml")
+    assert run.code == 0, run.output[-3000:]
+    assert "UNVALIDATED" not in run.output, ("the record is older than the matrix kernels or their plan: run "
+                                             "`doit record profile=rulesets/profiles/matmul.toml` on an H100\n"
+                                             + run.output[-3000:])
+    shapes = sum(len(c["shapes"]) for c in tomllib.loads((REPO / "rulesets/profiles/matmul.toml").read_text())["matmul"])
+    assert f"{shapes} of {shapes} matrix workload shapes run a kernel validated on the target" in run.output
