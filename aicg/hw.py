@@ -36,6 +36,11 @@ REQUIRED_FACTS: dict[str, str] = {
     "bf16_tensor_flops": "FLOP/s",
 }
 
+# Where a fact above the measured section comes from: a datasheet (written by people, `ref` says
+# where), or the CUDA driver (written by `doit probe` for a GPU new to hwdb/, `ref` says how:
+# aicg/probe/new_entry.py).
+FACT_SOURCES = ("datasheet", "driver")
+
 # Units of facts that count whole things: their values are whole numbers.
 COUNTED_UNITS = {"SM", "thread", "block", "32-bit register"}
 
@@ -47,7 +52,7 @@ MEASURED_PROVENANCE = ("probe", "date", "driver", "clocks", "method", "repetitio
 class Fact:
     value: float | int
     unit: str
-    source: str              # "datasheet" or "measured"
+    source: str              # "datasheet", "driver" or "measured"
     ref: str                 # where a datasheet value is stated, or how it was measured
     provenance: tuple = ()   # measured facts: (key, value) pairs of MEASURED_PROVENANCE
 
@@ -104,7 +109,7 @@ def _read_fact(table: tomlfile.Table, name: str, measured: bool) -> Fact:
             raise table.error("spread", "a finite number >= 0", where["spread"])
         table.done()
         return Fact(value, unit, "measured", table.get("method", str), provenance)
-    source = table.get("source", str, choices={"datasheet"})
+    source = table.get("source", str, choices=set(FACT_SOURCES))
     ref = table.get("ref", str)
     table.done()
     return Fact(value, unit, source, ref)

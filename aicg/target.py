@@ -83,8 +83,9 @@ def _no_entry(hwdb_dir: Path, device: Device) -> str:
                 f"with [identity] name = \"{device.name}\" and compute_capability = [{major}, {minor}], its "
                 f"datasheet facts (aicg/hw.py REQUIRED_FACTS, each with its source), then `doit probe` on it")
     return (f"This machine's GPU, {describe(device)}, has no entry in {hwdb_dir}/ (none has its name and "
-            f"compute capability in [identity]): `doit probe` on it creates {hwdb_dir}/{new.name} with its "
-            f"measured facts; add its datasheet facts (aicg/hw.py REQUIRED_FACTS, each with its source) above them")
+            f"compute capability in [identity]): `doit probe` on it creates {hwdb_dir}/{new.name}, with the facts "
+            f"its CUDA driver reports (the peak rates where aicg/probe/architectures.toml knows its compute "
+            f"capability) and what the probes measure")
 
 
 def resolve(requested: str, hwdb_dir: Path, device: Device | None) -> str:

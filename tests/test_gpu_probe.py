@@ -14,7 +14,7 @@ import pytest
 
 from aicg import hw, plan_inputs
 from aicg.errors import InputError
-from aicg.probe import record, registry
+from aicg.probe import new_entry, record, registry
 from aicg.runtime import driver
 from doit_project import doit, make_project
 
@@ -62,8 +62,29 @@ def test_doit_probe_writes_the_measured_section_that_plans_then_read(tmp_path, g
     assert entry.exists(), run.output
     try:
         hardware = hw.load(entry)
-    except InputError as err:   # created by this probe: no datasheet facts to plan with yet
+    except InputError as err:   # created by this probe for a compute capability architectures.toml lacks
         pytest.skip(f"the entry of {gpu_device.name} cannot be planned with: {err}")
     inputs = plan_inputs.resolve(hardware)
     assert inputs["launch_seconds"].source.startswith("measured launch_overhead (launch probe, ")
     assert (project / "hwdb" / f"{entry.stem}.curves.json").exists()
+
+
+def test_a_gpu_new_to_hwdb_gets_an_entry_with_every_fact_from_its_driver(tmp_path, gpu_device):
+    """With its entry taken away, `doit probe` starts a new one from the driver's facts
+    (aicg/probe/new_entry.py): it loads, every required fact present, within 10% of the shipped
+    datasheet's where hwdb/ knew the GPU."""
+    project = make_project(tmp_path / "proj")
+    shipped = record.entry_for(project / "hwdb", gpu_device.name, gpu_device.compute_capability)
+    sheet = hw.load(shipped) if shipped.exists() else None
+    if shipped.exists():
+        shipped.unlink()
+    if new_entry.architecture(tuple(gpu_device.compute_capability)) is None:
+        pytest.skip(f"aicg/probe/architectures.toml has no rates for {gpu_device.compute_capability}")
+    run = doit(project, "probe:launch")
+    assert run.code == 0, run.output
+    entry = record.entry_for(project / "hwdb", gpu_device.name, gpu_device.compute_capability)
+    hardware = hw.load(entry)
+    assert {hardware.datasheet[name].source for name in hw.REQUIRED_FACTS} == {"driver"}
+    if sheet is not None:
+        for name in hw.REQUIRED_FACTS:
+            assert hardware.datasheet[name].value == pytest.approx(sheet.datasheet[name].value, rel=0.1), name

@@ -54,7 +54,7 @@ def test_auto_for_a_gpu_the_hwdb_does_not_know_says_which_and_how_to_add_it():
         targets.resolve("auto", HWDB, UNKNOWN)
     message = str(info.value)
     assert "NVIDIA L40S (sm_89)" in message and "`doit probe`" in message
-    assert f"{HWDB}/nvidia-l40s.toml" in message and "REQUIRED_FACTS" in message
+    assert f"{HWDB}/nvidia-l40s.toml" in message and "facts its CUDA driver reports" in message
 
 
 def test_a_gpu_named_like_an_entry_on_another_architecture_is_not_that_entry():

@@ -120,10 +120,14 @@ def within_spread(old: dict, new: Figure) -> bool:
 
 
 def merge(path: Path, device_name: str, compute_capability: tuple[int, int], probe: str, result: ProbeResult,
-          date: str, driver: str, clocks: str) -> MergeReport:
-    """Merge one probe's figures into the entry at `path` (created if missing); atomic."""
+          date: str, driver: str, clocks: str, new_head: str | None = None) -> MergeReport:
+    """Merge one probe's figures into the entry at `path`; atomic. Where it does not exist yet it
+    starts as `new_head` (aicg/probe/new_entry.py: the driver's facts), or with an identity alone."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8") if path.exists() else _new_head(device_name, compute_capability)
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+    else:
+        text = new_head if new_head is not None else _new_head(device_name, compute_capability)
     head, measured = _split(path, text)
     report = MergeReport(path)
     for fig in result.figures:

@@ -24,7 +24,7 @@ from doit.exceptions import TaskFailed
 
 from .. import cli_layout, cli_vars
 from ..errors import CompileError, DeviceError, InputError
-from ..probe import record, registry
+from ..probe import new_entry, record, registry
 
 _session: dict = {}
 
@@ -60,7 +60,9 @@ def run_probe(name: str, hwdb_dir: Path, own_hwdb: Path | None = None) -> dict:
     clocks = f"before: {before}; after: {after}"
     try:
         path = record.writable_entry(hwdb_dir, own_hwdb or hwdb_dir, gpu.name, gpu.compute_capability)
-        report = record.merge(path, gpu.name, gpu.compute_capability, name, result, date, gpu.driver_version, clocks)
+        head = None if path.exists() else _new_entry_head(gpu)
+        report = record.merge(path, gpu.name, gpu.compute_capability, name, result, date, gpu.driver_version, clocks,
+                              head)
     except InputError as err:
         return TaskFailed(str(err))
     record.write_curves(path, name, result, date, clocks)
@@ -71,6 +73,16 @@ def run_probe(name: str, hwdb_dir: Path, own_hwdb: Path | None = None) -> dict:
     for note in result.notes:
         print(f"  note: {note}", file=sys.stderr, flush=True)
     return {"hwdb": str(path), "changed": report.added + report.replaced}
+
+
+def _new_entry_head(gpu) -> str:
+    """A GPU no entry knows: its entry starts with the facts its driver reports (new_entry.py)."""
+    attributes, total_memory = new_entry.from_driver(gpu.ordinal)
+    found, missing = new_entry.facts(attributes, total_memory, gpu.compute_capability)
+    if missing:
+        print(f"  note: {gpu.name} is new to hwdb/; its entry has the driver's facts but not {', '.join(missing)}: "
+              f"add them (aicg/hw.py REQUIRED_FACTS) before building for it", file=sys.stderr, flush=True)
+    return new_entry.head(gpu.name, gpu.compute_capability, found, missing)
 
 
 def _first_doc_line(name: str) -> str:

@@ -8,7 +8,7 @@ measured copy bandwidth, and disassembles every probe cubin for the entry's
 arch with cuobjdump (where the node has it), counting the SASS instructions
 each probe means to measure. Writes OUT_DIR/probe_check.json and prints a
 table. The entry is read as `doit probe` leaves it: one it has just created,
-with no datasheet facts yet, will do.
+with the driver's facts in place of a datasheet's, will do.
 """
 from __future__ import annotations
 
