@@ -9,7 +9,7 @@ from aicg import hw
 from aicg.errors import InputError
 from aicg.probe import new_entry, record
 from aicg.probe.figures import ProbeResult, exact
-from doit_project import REPO
+from doit_project import REPO, doit, instance_dir, make_project
 
 # (memory clock in kHz, memory bus in bits): what the driver reports for each GPU's memory
 MEMORY = {"h100-sxm": (2_619_000, 5120), "a100-sxm4-80gb": (1_593_000, 5120), "l4": (6_251_000, 192)}
@@ -96,3 +96,23 @@ def test_a_fact_of_another_source_is_refused_naming_the_choices(tmp_path):
                     .replace('source = "driver"\n', 'source = "wiki"\n', 1))
     with pytest.raises(InputError, match="'datasheet', 'driver'"):
         hw.load(path)
+
+
+def test_an_instance_builds_for_a_gpu_known_only_by_its_driver(tmp_path):
+    """An L40S (compute capability 8.9, no entry shipped): its driver's answers make an entry, and a
+    build for it plans, generates and compiles every kernel of a profile for sm_89, leaving them
+    unvalidated (no such GPU here) as any build for another GPU does."""
+    project = make_project(tmp_path / "proj")
+    attributes = dict(MULTIPROCESSOR_COUNT=142, WARP_SIZE=32, MAX_THREADS_PER_BLOCK=1024,
+                      MAX_THREADS_PER_MULTIPROCESSOR=1536, MAX_BLOCKS_PER_MULTIPROCESSOR=24,
+                      MAX_REGISTERS_PER_MULTIPROCESSOR=65536, MAX_SHARED_MEMORY_PER_BLOCK=49152,
+                      MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=101376, MAX_SHARED_MEMORY_PER_MULTIPROCESSOR=102400,
+                      L2_CACHE_SIZE=96 * 2**20, CLOCK_RATE=2_520_000, MEMORY_CLOCK_RATE=9_001_000,
+                      GLOBAL_MEMORY_BUS_WIDTH=384)
+    found, missing = new_entry.facts(attributes, 48 * 2**30, (8, 9))
+    assert missing == []
+    (project / "hwdb" / "nvidia-l40s.toml").write_text(new_entry.head("NVIDIA L40S", (8, 9), found, missing))
+    run = doit(project, "build", "profile=rulesets/profiles/small.toml", "target=nvidia-l40s")
+    assert run.code == 0, run.output[-3000:]
+    manifest = (instance_dir(project, "nvidia-l40s") / "manifest.json").read_text()
+    assert '"sm_89"' in manifest and "UNVALIDATED" in run.output
