@@ -16,6 +16,8 @@ from aicg.runtime.instance import Instance
 from doit_project import REPO, doit, make_project, profile_text
 
 NEW_SHAPE = (1 << 20, 8)     # far from the workload's 64x1000: short rows, many of them
+# the workload's rows, more of them: the prior's best there is not carried, the carried kernel runs it
+CARRIED_SHAPE = (4096, 1000)
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +278,50 @@ def test_the_validation_worker_is_started_ahead_once_and_only_where_a_gpu_is(mon
     instance_mod._start_validation_worker()
     instance_mod._worker_started[0].join(5)
     assert calls == ["aicg.validate:local_device_state"]
+
+
+def test_a_first_call_runs_a_carried_kernel_while_the_predicted_fastest_compiles(instance_dir, tmp_path):
+    """Asked to answer at once, the JIT answers with the first carried kernel where the predicted
+    fastest must be compiled, compiles that one on a thread, and once it has finished answers with
+    it (validated first, as any kernel it compiled)."""
+    jit = fresh_jit(instance_dir, tmp_path)
+    shape = (jit_mod.rows_class(CARRIED_SHAPE[0]), CARRIED_SHAPE[1])
+    ranked = jit.planning().best_for_shape("softmax", "float32", shape)
+    carried = [c for c in ranked if c.id in jit.packaged]
+    assert ranked[0].id not in jit.packaged and carried, "the test needs a compiled best and a carried runner-up"
+    validated = []
+
+    def validate(cubin, params, at):
+        validated.append(params)
+        return {"status": "passed", "reason": ""}
+
+    before = nvrtc.compilations
+    first = jit.kernel_for("softmax", "float32", *CARRIED_SHAPE, validate=validate, background=True)
+    assert (first.candidate, first.origin, first.validation) == (carried[0].id, "packaged", "passed")
+    assert first.pending is not None and first.timed is False and validated == []
+    event = next(e for e in jit.events if "compiling" in e)
+    assert (event["answered_with"], event["compiling"]) == (carried[0].id, ranked[0].id)
+    # asked again while it compiles: the same answer, and no second compilation of it
+    first.pending.join(timeout=300)
+    assert not first.pending.is_alive() and nvrtc.compilations > before
+    compiled = nvrtc.compilations
+    then = jit.kernel_for("softmax", "float32", *CARRIED_SHAPE, validate=validate, background=True)
+    assert (then.candidate, then.origin, then.validation) == (ranked[0].id, "jit cache", "passed")
+    assert then.pending is None and len(validated) == 1 and nvrtc.compilations == compiled
+
+
+def test_nothing_runs_in_the_background_where_the_best_is_carried_or_cached_or_no_carried_kernel_runs(
+        instance_dir, tmp_path):
+    jit = fresh_jit(instance_dir, tmp_path)
+    shape = (jit_mod.rows_class(CARRIED_SHAPE[0]), CARRIED_SHAPE[1])
+    ranked = jit.planning().best_for_shape("softmax", "float32", shape)
+    planned = jit.planning()
+    # nothing carried among the candidates: the caller compiles, as without `background`
+    assert jit._answer_while_compiling([c for c in ranked if c.id not in jit.packaged], planned,
+                                       "softmax", "float32", *CARRIED_SHAPE) is None
+    made = jit.kernel_for("softmax", "float32", *CARRIED_SHAPE)               # compiled in the caller
+    assert made.candidate == ranked[0].id and made.pending is None
+    # compiled before: no thread, the cached kernel answers
+    cached = jit.kernel_for("softmax", "float32", *CARRIED_SHAPE, background=True)
+    assert (cached.candidate, cached.origin, cached.pending) == (ranked[0].id, "jit cache", None)
+    assert not any("compiling" in e for e in jit.events)

@@ -23,9 +23,11 @@ records theirs (aicg/trust.py).
 A workload shape runs the kernel the build measured fastest there. Any
 other shape is planned on first use with the instance's own rules and
 priors (aicg/runtime/jit.py): the first call runs the predicted fastest
-kernel that is valid (compiled and validated on the device first if the
-instance does not carry it), so it does not wait for alternatives to be
-timed. `inst.tune()` then times the best few candidates of every shape served
+kernel that is valid, so it does not wait for alternatives to be timed. Where
+that kernel must be compiled and the instance carries one that runs the
+shape, the first call runs the carried one while the predicted fastest
+compiles on a thread; the first call after that thread has finished
+validates it on the device and runs it from then on. `inst.tune()` then times the best few candidates of every shape served
 so far and keeps the fastest (`load(..., tune="first call")` does that on each
 new shape's first call instead); choices and outcomes are cached. A matrix
 multiply at a shape outside the workload runs the packaged kernel estimated
@@ -86,16 +88,25 @@ class OpKernels:
         self._by_shape: dict[tuple, tuple] = {}   # (dtype, device, rows, cols) -> _launch_for
         self.chosen: dict[tuple, str] = {}   # (dtype, rows, cols) -> the candidate that ran there
         self.untimed: set[tuple] = set()     # (dtype, device, rows, cols) served by the prior's pick alone
+        # (dtype, device, rows, cols) served by a carried kernel while the JIT compiles the predicted
+        # fastest on this thread: once it has finished, the shape is resolved again
+        self._provisional: dict[tuple, object] = {}
 
     def _launch_for(self, dtype: str, device: int, rows: int, cols: int, tune: bool = False) -> tuple:
         """(launcher, argument names in order, grid, block, dynamic shared bytes) of the kernel that
         serves this shape; `tune`: time the alternatives now, even if a kernel already serves it."""
         key = (dtype, device, rows, cols)
+        if self._provisional:
+            pending = self._provisional.get(key)
+            if pending is not None and not pending.is_alive():
+                del self._provisional[key]
+                self._by_shape.pop(key, None)
         if key not in self._by_shape or (tune and key in self.untimed):
             if len(self._by_shape) > 4096:    # many distinct shapes: keep the lookup bounded
                 self._by_shape.clear()
                 self.chosen.clear()
                 self.untimed.clear()
+                self._provisional.clear()
             kernel, entry, params = self._find_kernel(dtype, device, rows, cols, tune or self.instance.tune_first_call)
             names = tuple(entry["arguments"])
             grid, block, shared = codegen.launch_of(kernel, params, rows, cols, DTYPES[dtype].size)
@@ -132,7 +143,7 @@ class OpKernels:
         `tune`, the prior's first valid pick (or the choice timed earlier), timing nothing."""
         try:
             made = self.instance.jit.kernel_for(self.op.name, dtype, rows, cols, validate=self._validator(dtype),
-                                                timer=self._timer(dtype) if tune else None)
+                                                timer=self._timer(dtype) if tune else None, background=not tune)
         except JitError as err:
             log.warning("aicg: %s; running the nearest tuned shape's kernel", err)
             return None
@@ -146,6 +157,8 @@ class OpKernels:
             self._loaded[key] = driver.Kernel(made.cubin, entry["entry"])
         self.chosen[(dtype, rows, cols)] = made.candidate
         (self.untimed.add if made.timed is False else self.untimed.discard)((dtype, device, rows, cols))
+        if made.pending is not None:
+            self._provisional[(dtype, device, rows, cols)] = made.pending
         return self._loaded[key], entry, made.params
 
     def _validator(self, dtype: str):
@@ -288,8 +301,10 @@ class Instance:
         self.matrix = MatrixKernels(self.path, section, allow_unvalidated, InstanceError, matrix_jit) if section else None
         if self.matrix is not None:
             self.skipped += self.matrix.skipped
+        # every kernel the instance carries, by candidate: each of a dispatch table, or the one kernel
+        # an operator without a table has (the JIT runs them without compiling)
         packaged = {v["candidate"]: v for entries in by_op.values() for e in entries.values()
-                    for v in e.get("dispatch") or []}
+                    for v in e.get("dispatch") or [e]}
         self.jit = (Jit(self.path, packaged, key) if jit and (self.path / "source" / "profile.toml").is_file()
                     else None)
         # each operator a function with its signature on the instance, and a PyTorch custom
@@ -303,6 +318,8 @@ class Instance:
         compiled and validated first). Returns the (op, dtype, rows, cols) and ("matmul", class, m,
         n, k) it tuned. Call it where a pause is affordable: after a warm-up pass."""
         tuned = []
+        if self.jit is not None:
+            self.jit.wait()     # what compiles on its own threads is timed too, not compiled twice
         for op in self.ops.values():
             for dtype, device, rows, cols in sorted(op.untimed):
                 op._launch_for(dtype, device, rows, cols, tune=True)

@@ -14,6 +14,14 @@ takes those that
   passed over where the lab has not measured it (the lab times the same cubin,
   so a measured candidate's prediction holds what its spill costs).
 
+Asked to answer at once (`background`: no timing now), where the predicted
+fastest has to be compiled and a kernel the instance carries can run the
+shape, the JIT answers with the carried one (the first of them in the
+prior's order) and compiles the predicted fastest on a thread of its own;
+the caller asks again once that thread has finished (JitKernel.pending), and
+the compiled kernel is then validated and runs from that call on. A first
+call then waits for no compiler.
+
 A kernel it compiled is validated on the device against float64 before its
 first launch (the build's checks, on rows its order keeps the bound on); the outcome is kept beside the cubin, per
 GPU, so later processes skip it. On the target GPU the first
@@ -31,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +84,8 @@ class JitKernel:
     origin: str              # "packaged", "jit cache" or "compiled"
     validation: str          # "passed", "failed", "unvalidated" ("packaged": the build's)
     timed: bool | None = None   # chosen by timing (now or earlier); False: the prior's pick, not timed yet
+    # answering for the predicted fastest, which this thread compiles: ask again once it has finished
+    pending: threading.Thread | None = field(default=None, compare=False)
 
 
 def _spills(resources: dict) -> bool | None:
@@ -118,6 +129,7 @@ class Jit:
     signing_key: bytes | None = None   # records are signed with it and read only when signed with it
     events: list[dict] = field(default_factory=list)
     _planning: planning.Planning | None = None
+    _compiling: dict[str, threading.Thread] = field(default_factory=dict)   # compile key -> its thread
 
     @property
     def cache(self) -> jit_cache.CubinCache:
@@ -149,12 +161,15 @@ class Jit:
                                            self.source / "hwdb")
         return self._planning
 
-    def kernel_for(self, op: str, dtype: str, rows: int, cols: int, validate=None, timer=None) -> JitKernel:
+    def kernel_for(self, op: str, dtype: str, rows: int, cols: int, validate=None, timer=None,
+                   background: bool = False) -> JitKernel:
         """The kernel for a new shape. `validate(cubin, params, shape) -> {"status", "reason"}` runs
         where a device is (None: leave a compiled kernel unvalidated); a kernel is validated once per GPU, on the
         build's awkward shapes and the first shape that needed it. `timer([(cubin, params)], shape) ->
         [seconds] or None` times the first TIMED_CANDIDATES usable candidates at the shape, and the
-        fastest is chosen (the prior only ranks them); the choice is kept per GPU and shape class."""
+        fastest is chosen (the prior only ranks them); the choice is kept per GPU and shape class.
+        `background` (without a timer): where the predicted fastest must be compiled, answer with the
+        first carried candidate and compile it on a thread (the module's docstring)."""
         shape = (rows_class(rows), cols)
         planned = self.planning()
         ranked = timing_order(planned.best_for_shape(op, dtype, shape))
@@ -164,6 +179,10 @@ class Jit:
         if choice is not None:
             chosen = choice.get("candidate")
             ranked = [c for c in ranked if c.id == chosen] + [c for c in ranked if c.id != chosen]
+        elif background and timer is None:
+            answer = self._answer_while_compiling(ranked, planned, op, dtype, rows, cols)
+            if answer is not None:
+                return self._note(op, dtype, (rows, cols), answer)
         usable, tried = [], []
         for cand in ranked:
             made = self._usable(cand, planned, op, dtype, rows, cols, validate)
@@ -196,6 +215,43 @@ class Jit:
         log.info("aicg: timed %s at %dx%d in %.2f s: %s", ", ".join(timed), *timed_shape,
                  self.events[-1]["seconds"], fastest.candidate)
         return self._note(op, dtype, (rows, cols), dataclasses.replace(fastest, timed=True))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the kernels compiling on threads of their own (`background`); whether all have
+        finished. The shapes they serve switch to them on their next call."""
+        for thread in list(self._compiling.values()):
+            thread.join(timeout)
+        return not any(t.is_alive() for t in self._compiling.values())
+
+    def _answer_while_compiling(self, ranked, planned, op, dtype, rows, cols) -> JitKernel | None:
+        """The first carried candidate, with the predicted fastest compiling on a thread, where that
+        one has to be compiled; None where it need not be or nothing carried can answer."""
+        if not ranked or ranked[0].id in self.packaged:
+            return None
+        first = ranked[0]
+        *_, key = self._compile_inputs(first, planned)
+        if key not in self._compiling and self.cache.get(key) is not None:
+            return None    # compiled before: validated (once a GPU), then run, with no compiler to wait for
+        carried = next((c for c in ranked if c.id in self.packaged), None)
+        if carried is None:
+            return None
+        thread = self._compiling.get(key)
+        if thread is None:
+            def compile_first():
+                try:
+                    self._cached_or_compiled(first, planned)
+                except Exception as err:    # asked again, the JIT compiles it in the caller and says why
+                    log.warning("aicg: compiling %s on its own thread failed: %s", first.id, err)
+            thread = threading.Thread(target=compile_first, name=f"aicg-jit {first.id}", daemon=True)
+            self._compiling[key] = thread
+            thread.start()
+            self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "answered_with": carried.id,
+                                "compiling": first.id})
+            log.info("aicg: %s %s at %dx%d runs %s while %s compiles", op, dtype, rows, cols, carried.id, first.id)
+        if not thread.is_alive():
+            return None    # finished since: the caller's path takes the compiled kernel from the cache
+        made = self._usable(carried, planned, op, dtype, rows, cols, None)
+        return dataclasses.replace(made, timed=False, pending=thread)
 
     def _choice_path(self, op: str, dtype: str, shape, ranked, gpu: str) -> Path:
         """Where the timed choice for a shape class lives: keyed by what was ranked, so a changed plan times again."""
