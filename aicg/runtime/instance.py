@@ -302,9 +302,10 @@ class Instance:
         if self.matrix is not None:
             self.skipped += self.matrix.skipped
         # every kernel the instance carries, by candidate: each of a dispatch table, or the one kernel
-        # an operator without a table has (the JIT runs them without compiling)
+        # an operator without a table has (the JIT runs them without compiling); an entry that names
+        # no candidate (a manifest written without them) offers the JIT nothing
         packaged = {v["candidate"]: v for entries in by_op.values() for e in entries.values()
-                    for v in e.get("dispatch") or [e]}
+                    for v in e.get("dispatch") or ([e] if "candidate" in e else [])}
         self.jit = (Jit(self.path, packaged, key) if jit and (self.path / "source" / "profile.toml").is_file()
                     else None)
         # each operator a function with its signature on the instance, and a PyTorch custom
