@@ -19,7 +19,7 @@ NAME = "attributes"
 SOURCES = (("clock.cu", ("sm_80", "sm_90")),)
 
 # hwdb fact <- driver attribute, with the unit hw.REQUIRED_FACTS expects.
-_FROM_ATTRIBUTE = {
+FROM_ATTRIBUTE = {
     "sm_count": ("MULTIPROCESSOR_COUNT", "SM"),
     "warp_size": ("WARP_SIZE", "thread"),
     "max_threads_per_block": ("MAX_THREADS_PER_BLOCK", "thread"),
@@ -31,7 +31,7 @@ _FROM_ATTRIBUTE = {
     "shared_memory_per_sm": ("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", "byte"),
     "l2_cache": ("L2_CACHE_SIZE", "byte"),
 }
-FIGURES = {**{name: unit for name, (_, unit) in _FROM_ATTRIBUTE.items()},
+FIGURES = {**{name: unit for name, (_, unit) in FROM_ATTRIBUTE.items()},
            "boost_clock": "MHz", "sm_clock_under_load": "MHz"}
 
 SPIN_CYCLES = 20_000_000   # about 10 ms at 2 GHz: long against launch and event resolution
@@ -39,7 +39,7 @@ SPIN_CYCLES = 20_000_000   # about 10 ms at 2 GHz: long against launch and event
 
 def run(gpu) -> ProbeResult:
     result = ProbeResult()
-    for name, (attribute, unit) in _FROM_ATTRIBUTE.items():
+    for name, (attribute, unit) in FROM_ATTRIBUTE.items():
         result.figures.append(exact(name, gpu.attributes[attribute], unit,
                                     f"cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_{attribute})"))
     result.figures.append(exact("boost_clock", gpu.attributes["CLOCK_RATE"] / 1000, "MHz",

@@ -57,6 +57,7 @@ class ProbeGPU:
         self.attributes = {a: driver.check(cu.cuDeviceGetAttribute(getattr(cu.CUdevice_attribute,
                                                                            f"CU_DEVICE_ATTRIBUTE_{a}"), dev))
                            for a in ATTRIBUTES}
+        self.total_memory = int(driver.check(cu.cuDeviceTotalMem(dev)))
         self.driver_version = self._driver_version()
         self.timer = driver.EventTimer()
         self._progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))

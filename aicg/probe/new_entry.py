@@ -18,23 +18,12 @@ from pathlib import Path
 import tomli_w
 
 from .. import hw, tomlfile
+from . import attributes as attributes_probe
 
 ARCHITECTURES = Path(__file__).with_name("architectures.toml")
 
-# hwdb fact <- driver attribute (CUdevice_attribute without its prefix)
-FROM_ATTRIBUTE = {
-    "sm_count": "MULTIPROCESSOR_COUNT",
-    "warp_size": "WARP_SIZE",
-    "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
-    "max_threads_per_sm": "MAX_THREADS_PER_MULTIPROCESSOR",
-    "max_blocks_per_sm": "MAX_BLOCKS_PER_MULTIPROCESSOR",
-    "registers_per_sm": "MAX_REGISTERS_PER_MULTIPROCESSOR",
-    "shared_memory_per_block": "MAX_SHARED_MEMORY_PER_BLOCK",
-    "shared_memory_per_block_optin": "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
-    "shared_memory_per_sm": "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
-    "l2_cache": "L2_CACHE_SIZE",
-}
-ATTRIBUTES_READ = (*FROM_ATTRIBUTE.values(), "CLOCK_RATE", "MEMORY_CLOCK_RATE", "GLOBAL_MEMORY_BUS_WIDTH")
+# hwdb fact <- driver attribute (CUdevice_attribute without its prefix): what the attributes probe reads
+FROM_ATTRIBUTE = {name: attribute for name, (attribute, _) in attributes_probe.FROM_ATTRIBUTE.items()}
 
 
 def _attribute(name: str) -> str:
@@ -60,7 +49,8 @@ def architecture(compute_capability: tuple[int, int], path: Path = ARCHITECTURES
 def facts(attributes: dict[str, int], total_memory: int,
           compute_capability: tuple[int, int]) -> tuple[dict[str, dict], list[str]]:
     """({fact: {value, unit, source, ref}}, the required facts left out) for a GPU whose driver
-    reports `attributes` (by ATTRIBUTES_READ's names) and `total_memory` bytes."""
+    reports `attributes` (by CUdevice_attribute names without their prefix, as ProbeGPU.attributes
+    holds them) and `total_memory` bytes."""
     found: dict[str, dict] = {}
 
     def put(name: str, value, ref: str) -> None:
@@ -107,15 +97,4 @@ def head(device_name: str, compute_capability: tuple[int, int], found: dict[str,
     identity = (f"schema = 1\n\n[identity]\nname = {json.dumps(device_name)}\narch = \"sm_{major}{minor}\"\n"
                 f"compute_capability = [{major}, {minor}]\n\n")
     return "\n".join(lines) + "\n" + identity + tomli_w.dumps({"facts": found})
-
-
-def from_driver(ordinal: int = 0) -> tuple[dict[str, int], int]:
-    """(ATTRIBUTES_READ's values, total memory in bytes) of the GPU at `ordinal` (needs one)."""
-    from ..runtime import driver
-    cu = driver._cu()
-    driver.check(cu.cuInit(0))
-    dev = driver.check(cu.cuDeviceGet(ordinal))
-    attributes = {name: int(driver.check(cu.cuDeviceGetAttribute(
-        getattr(cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}"), dev))) for name in ATTRIBUTES_READ}
-    return attributes, int(driver.check(cu.cuDeviceTotalMem(dev)))
 

@@ -77,8 +77,7 @@ def run_probe(name: str, hwdb_dir: Path, own_hwdb: Path | None = None) -> dict:
 
 def _new_entry_head(gpu) -> str:
     """A GPU no entry knows: its entry starts with the facts its driver reports (new_entry.py)."""
-    attributes, total_memory = new_entry.from_driver(gpu.ordinal)
-    found, missing = new_entry.facts(attributes, total_memory, gpu.compute_capability)
+    found, missing = new_entry.facts(gpu.attributes, gpu.total_memory, gpu.compute_capability)
     if missing:
         print(f"  note: {gpu.name} is new to hwdb/; its entry has the driver's facts but not {', '.join(missing)}: "
               f"add them (aicg/hw.py REQUIRED_FACTS) before building for it", file=sys.stderr, flush=True)
