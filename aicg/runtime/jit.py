@@ -130,6 +130,7 @@ class Jit:
     events: list[dict] = field(default_factory=list)
     _planning: planning.Planning | None = None
     _compiling: dict[str, threading.Thread] = field(default_factory=dict)   # compile key -> its thread
+    _inputs: dict[str, tuple] = field(default_factory=dict)   # candidate id -> _compile_inputs, read once
 
     @property
     def cache(self) -> jit_cache.CubinCache:
@@ -230,8 +231,8 @@ class Jit:
             return None
         first = ranked[0]
         *_, key = self._compile_inputs(first, planned)
-        if key not in self._compiling and self.cache.get(key) is not None:
-            return None    # compiled before: validated (once a GPU), then run, with no compiler to wait for
+        if key not in self._compiling and self.cache.record_path(key).exists():
+            return None    # compiled before (the caller's path checks it): no compiler to wait for
         carried = next((c for c in ranked if c.id in self.packaged), None)
         if carried is None:
             return None
@@ -289,6 +290,13 @@ class Jit:
         return kernel
 
     def _compile_inputs(self, cand, planned) -> tuple[str, dict[str, bytes], str, str]:
+        """(source, headers, arch, compile key) of a candidate: the snapshot's headers read and
+        hashed once a process, not at each question about the candidate."""
+        if cand.id not in self._inputs:
+            self._inputs[cand.id] = self._read_compile_inputs(cand, planned)
+        return self._inputs[cand.id]
+
+    def _read_compile_inputs(self, cand, planned) -> tuple[str, dict[str, bytes], str, str]:
         family = planned.rules.families[cand.family]
         source = codegen.source(cand.id, family, cand.dtype, cand.params)
         headers = nvrtc.include_closure(family.header, self.source / "kernels")
