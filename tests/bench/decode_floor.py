@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -107,8 +106,9 @@ def median_us(launch, flush, repetitions=30) -> float:
     return timing.median_seconds(launch, flush, repetitions)["median_seconds"] * 1e6
 
 
-def floor(out: dict, flush, sms: int) -> None:
-    cubin, _, _ = nvrtc.compile_cubin(READ_SOURCE, "decode_floor.cu", {}, "sm_90")
+def floor(out: dict, flush, sms: int, compute_capability: tuple[int, int]) -> None:
+    major, minor = compute_capability
+    cubin, _, _ = nvrtc.compile_cubin(READ_SOURCE, "decode_floor.cu", {}, f"sm_{major}{minor}")
     read, empty = driver.Kernel(cubin, "read_bytes"), driver.Kernel(cubin, "empty_kernel")
     sink = driver.Buffer(4)
     out["empty_us"] = median_us(lambda: empty.launch(1, 32, [], 0), flush, 50)
@@ -145,13 +145,15 @@ def variant_header(text: str, variant: str) -> str:
     return text
 
 
-def gemv_variant(knobs: dict, variant: str):
+def gemv_variant(knobs: dict, variant: str, compute_capability: tuple[int, int] = (9, 0)):
     """The realisation and its build with `variant`'s header. A variant that takes more registers
     than the header as it is is held to as many (a launch bound asking for the CTAs an SM then
     holds), so that the two differ in what the variant changes and not in their occupancy."""
     real = space.realisation("gemv", "bfloat16", "k", "k", **knobs)
-    arch, src = build.arch_for(real, (9, 0)), codegen.source(real)
+    arch, src = build.arch_for(real, compute_capability), codegen.source(real)
     base = build.compile_realisation(real, arch)
+    if variant == "base":
+        return real, base
     headers = build.headers(real)
     headers["matrix/gemv.cuh"] = variant_header(headers["matrix/gemv.cuh"].decode(), variant).encode()
     built = build.compile_source(real, src, f"{real.name}.cu", headers, arch)
@@ -163,9 +165,9 @@ def gemv_variant(knobs: dict, variant: str):
     return real, built
 
 
-def kernels(out: dict, plan) -> None:
+def kernels(out: dict, plan, compute_capability: tuple[int, int]) -> None:
     for knobs, variant in plan:
-        real, built = gemv_variant(knobs, variant)
+        real, built = gemv_variant(knobs, variant, compute_capability)
         for n in NS:
             for m in (1, 16):
                 problem = Problem(m, n, K, "bfloat16", "k", "k")
@@ -180,24 +182,14 @@ def kernels(out: dict, plan) -> None:
 
 
 def cublas(out: dict) -> None:
+    """F.linear timed as matmul_bench times its peers (the same flush, events and median)."""
     import torch
     sys.path.insert(0, str(Path(__file__).parent))
-    from l2 import l2_flush
-    flush = l2_flush("read")
+    from matmul_bench import Peers
+    peers = Peers(30, use_compile=False, flush="read")
 
-    def us(fn, repetitions=30):
-        for _ in range(3):
-            fn()
-        samples = []
-        for _ in range(repetitions):
-            flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(samples)
+    def us(fn):
+        return peers.time(fn) * 1e6
     for n in NS:
         w = torch.randn(n, K, device="cuda", dtype=torch.bfloat16)
         for m in (1, 16):
@@ -217,10 +209,10 @@ def main(argv=None) -> None:
            "read": [], "gemv": [], "cublas": []}
     flush = timing.L2Flush("read")
     if args.stages_left_out:
-        kernels(out, [(SETTINGS[0], v) for v in VARIANTS])
+        kernels(out, [(SETTINGS[0], v) for v in VARIANTS], info.compute_capability)
     else:
-        floor(out, flush, info.sm_count)
-        kernels(out, [(s, "base") for s in SETTINGS])
+        floor(out, flush, info.sm_count, info.compute_capability)
+        kernels(out, [(s, "base") for s in SETTINGS], info.compute_capability)
         cublas(out)
     Path(args.json).write_text(json.dumps(out, indent=1))
 
