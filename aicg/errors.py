@@ -17,6 +17,10 @@ class InputError(ValueError):
         super().__init__(message)
 
 
+class UnknownTarget(InputError):
+    """A profile names a target hwdb/ has no entry for (yet: `doit probe` on that GPU writes one)."""
+
+
 class CompileError(RuntimeError):
     """NVRTC rejected a generated kernel; the message carries its log."""
 

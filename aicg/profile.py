@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import config, hw, tomlfile
 from .dtypes import DTYPES
+from .errors import UnknownTarget
 from .matrix import workload as matrix_workload
 from .ops import OPERATORS
 from .semantics.legality import Preservation, RuleChoice
@@ -173,7 +174,8 @@ def load(path: Path, ruleset: RuleSet, hwdb_dir: Path) -> Profile:
     target = inst.get("target", str)
     if not PLAIN_NAME.fullmatch(target) or not (Path(hwdb_dir) / f"{target}.toml").exists():
         known = ", ".join(sorted(p.stem for p in Path(hwdb_dir).glob("*.toml")))
-        raise inst.error("target", f"a hwdb entry in {hwdb_dir}/, by its name (one of: {known})", target)
+        raise UnknownTarget(inst.file, inst.dotted("target"), f"a hwdb entry in {hwdb_dir}/, by its name (one of: {known})",
+                            target)
     preset_name = inst.get("preservation", str, choices=set(ruleset.presets))
     inst.done()
 

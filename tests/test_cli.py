@@ -62,6 +62,19 @@ def test_a_misspelt_profile_path_names_the_nearest(tmp_path):
     assert run.code != 0 and "Did you mean rulesets/profiles/small.toml?" in run.output
 
 
+def test_a_target_hwdb_lacks_fails_the_build_not_the_probe(tmp_path):
+    """A profile whose target has no hwdb entry yet (a GPU not probed) fails the instance's tasks
+    with the reason; `doit probe`, which writes that entry, stays runnable."""
+    project = make_project(tmp_path / "p")
+    (project / "hwdb/h100-sxm.toml").unlink()
+    listed = doit(project, "list")
+    assert listed.code == 0 and "probe" in listed.output, listed.output
+    run = doit(project, "build")
+    assert run.code != 0 and "instance.target: expected a hwdb entry in" in run.output, run.output
+    assert "'h100-sxm'" in run.output and not (project / "build").exists()
+    assert "Kernel launch overhead" in doit(project, "info", "probe:launch").output
+
+
 def test_help_of_a_task_lists_its_settings(built):
     helped = doit(built, "help", "build", PROFILE).output
     for name in ("profile=PATH", "target=ENTRY|auto", "recache=0|1"):

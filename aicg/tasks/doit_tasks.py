@@ -18,7 +18,7 @@ from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
 from .. import build_lock, cas, cli_graph, cli_layout, cli_progress, cli_vars
-from ..errors import CompileError, DeviceError, InputChanged, InputError
+from ..errors import CompileError, DeviceError, InputChanged, InputError, UnknownTarget
 from . import record_task, step as steps, summary
 
 DEFAULT_PROFILE = cli_vars.DEFAULT_PROFILE
@@ -62,6 +62,8 @@ def load() -> cli_graph.LoadedGraph:
         recache = get_var("recache", "0") not in ("", "0")
         loaded = cli_graph.load(layout, profile, get_var("target", None) or None, recache,
                                 lambda instance: _notes(instance, layout.root))
+    except UnknownTarget as err:
+        raise NoInstance(str(err)) from None
     except (InputError, CompileError) as err:
         raise InvalidDodoFile(str(err)) from None
     _loaded["instance"], _loaded["pid"] = loaded, os.getpid()
@@ -100,7 +102,11 @@ def _task(step: steps.Step, loaded: cli_graph.LoadedGraph, meta: dict) -> dict:
 def task_instance():
     """Tasks of the compiler instance selected by profile=... (default: rulesets/profiles/default.toml)
     and target=... (default: the profile's)."""
-    loaded = load()
+    try:
+        loaded = load()
+    except NoInstance as err:
+        yield from _unloadable(str(err))
+        return
     graph_meta = cli_vars.meta(cli_vars.of_task("build"))
     for kind, doc in KIND_DOCS.items():
         yield {"basename": kind, "name": None, "doc": doc, "meta": graph_meta}
@@ -121,6 +127,21 @@ def task_instance():
     yield {"basename": "explore", "doc": f"write the operator explorer page to {EXPLORER}",
            "actions": [(_explore, [loaded])], "file_dep": rule_files, "targets": [EXPLORER], "clean": True,
            "verbosity": 2, "meta": graph_meta}
+
+
+class NoInstance(Exception):
+    """The profile's target has no hwdb entry yet: the instance's tasks fail, the rest run."""
+
+
+def _unloadable(message: str):
+    """The instance's tasks when the profile's target has no hwdb entry yet: each fails with the
+    reason, and the commands that need no instance run, `doit probe` among them, which is how a
+    GPU's entry comes to exist."""
+    def fail():
+        return TaskFailed(message)
+    for basename in ("package", "build", "record", "explain", "explore"):
+        yield {"basename": basename, "doc": f"(cannot load the instance: {message.splitlines()[0]})",
+               "actions": [fail], "uptodate": [False], "verbosity": 2}
 
 
 EXPLORER = "build/explore/index.html"
