@@ -1,0 +1,93 @@
+"""Where a fused epilogue's time goes, on the GPU node: the fused case (8192 x 4096 x 4096 bf16,
+F.linear weights) on a few wgmma schedules, each with the epilogue built up a term at a time
+(nothing, + bias, + residual, + GELU erf, or GELU tanh instead), every kernel validated against
+float64 before it is timed; cuBLAS without and with its bias epilogue, eager PyTorch and
+torch.compile (default and max-autotune) beside them, timed alike (CUDA events, L2 evicted by a
+read, the median).
+
+    python tests/bench/fused_epilogue.py --json fused.json [--m 8192] [--reps 20]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from aicg.matrix import build, space, worker  # noqa: E402
+from aicg.matrix.problem import Problem  # noqa: E402
+from aicg.matrix.space import Epilogue  # noqa: E402
+from aicg.runtime import driver  # noqa: E402
+
+N, K = 4096, 4096
+COMMON = dict(cluster_m=1, raster="m", group=8, split_k=1)
+SCHEDULES = (dict(block_m=128, block_n=256, stages=3, schedule="cooperative", store="staged"),
+             dict(block_m=128, block_n=256, stages=4, schedule="cooperative", store="direct"),
+             dict(block_m=128, block_n=128, stages=4, schedule="pingpong", store="staged"),
+             dict(block_m=64, block_n=256, stages=4, schedule="pingpong", store="staged"),
+             dict(block_m=128, block_n=256, stages=3, cluster_m=2, schedule="cooperative", store="staged"))
+EPILOGUES = (Epilogue(), Epilogue(bias=True), Epilogue(bias=True, residual=True),
+             Epilogue("gelu_erf", bias=True, residual=True), Epilogue("gelu_tanh", bias=True, residual=True))
+
+
+def kernels(out: dict, m: int, reps: int, path: str) -> None:
+    for schedule in SCHEDULES:
+        knobs = {**COMMON, **schedule}
+        for epilogue in EPILOGUES:
+            real = space.realisation("wgmma", "bfloat16", "k", "k", epilogue, **knobs)
+            problem = Problem(m, N, K, "bfloat16", "k", "k", epilogue)
+            try:
+                cubin = build.compile_realisation(real, build.arch_for(real, (9, 0))).cubin
+                r = worker.run_case(real.as_dict(), cubin, problem.as_dict(), validate=True, repetitions=reps)
+            except Exception as err:   # reported, and the others go on
+                out["aicg"].append({"realisation": real.name, "error": repr(err)[:500]})
+            else:
+                timing = r.get("timing", {})
+                out["aicg"].append({"realisation": real.name, "validation": r.get("validation", {}).get("status"),
+                                    "us": timing.get("median_seconds", 0) * 1e6, "tflops": timing.get("tflops")})
+            print(out["aicg"][-1], flush=True)
+            Path(path).write_text(json.dumps(out, indent=1))
+
+
+def peers(out: dict, m: int, reps: int, path: str) -> None:
+    import torch
+    from matmul_bench import Peers
+    F, timer = torch.nn.functional, Peers(reps, use_compile=False, flush="read")
+    a = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(m, N, device="cuda", dtype=torch.bfloat16)
+
+    def eager():
+        return F.gelu(F.linear(a, w, bias)) + residual
+    cases = [("F.linear (cuBLAS)", lambda: F.linear(a, w)), ("F.linear + bias (cuBLASLt)", lambda: F.linear(a, w, bias)),
+             ("eager PyTorch", eager), ("torch.compile", torch.compile(eager)),
+             ("torch.compile max-autotune", torch.compile(eager, mode="max-autotune"))]
+    for name, fn in cases:
+        try:
+            us = timer.time(fn) * 1e6
+            out["peers"].append({"name": name, "us": us, "tflops": 2 * m * N * K / us / 1e6})
+        except Exception as err:
+            out["peers"].append({"name": name, "error": repr(err)[:500]})
+        print(out["peers"][-1], flush=True)
+        Path(path).write_text(json.dumps(out, indent=1))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", required=True)
+    p.add_argument("--m", type=int, default=8192)
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args(argv)
+    driver.use_primary_context()
+    out = {"problem": f"{args.m}x{N}x{K} bfloat16 kk", "aicg": [], "peers": []}
+    kernels(out, args.m, args.reps, args.json)
+    peers(out, args.m, args.reps, args.json)
+
+
+if __name__ == "__main__":
+    main()
