@@ -157,7 +157,9 @@ def gemv_variant(knobs: dict, variant: str, compute_capability: tuple[int, int] 
     headers = build.headers(real)
     headers["matrix/gemv.cuh"] = variant_header(headers["matrix/gemv.cuh"].decode(), variant).encode()
     built = build.compile_source(real, src, f"{real.name}.cu", headers, arch)
-    if built.report["registers"] > base.report["registers"] and real.settings["spread"] == "splits":
+    # (a report NVRTC's own cache withheld says 0 registers: nothing to hold the variant to)
+    if base.report["registers"] and built.report["registers"] > base.report["registers"] \
+            and real.settings["spread"] == "splits":
         threads = 32 * real.settings["warps"]
         blocks = REGISTERS_PER_SM // (threads * base.report["registers"])
         built = build.compile_source(real, aicg_codegen.with_min_blocks(src, threads, blocks), f"{real.name}.cu",
