@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -137,8 +138,31 @@ def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch
     return cubin, report, log
 
 
+WARM_UP_SOURCE = 'extern "C" __global__ void aicg_warm_up(float* x) { x[threadIdx.x] += 1.0f; }\n'
+_warming: threading.Thread | None = None
+_warm_lock = threading.Lock()
+
+
+def warm_up_in_background() -> None:
+    """NVRTC's first compile in a process pays a start of its own (the library, its builtins and
+    ptxas set up: 0.2 s on a 2-core CPU, 0.4-0.5 s on the GPU node). A JIT that may compile on a
+    first call pays it ahead, once a process, on a thread (NVRTC releases the GIL); uncounted, and
+    a failure is left for the real compile to report."""
+    global _warming
+    with _warm_lock:
+        if _warming is not None:
+            return
+        def warm():
+            try:
+                _compile_once(WARM_UP_SOURCE, "aicg-warm-up.cu", {}, "sm_80", "kernels", counted=False)
+            except Exception:   # noqa: BLE001 - the compile that needs NVRTC reports what is wrong
+                pass
+        _warming = threading.Thread(target=warm, name="aicg-nvrtc-warm-up", daemon=True)
+        _warming.start()
+
+
 def _compile_once(source: str, source_name: str, headers: dict[str, bytes], arch: str,
-                  header_dir: str) -> tuple[bytes, dict, str]:
+                  header_dir: str, counted: bool = True) -> tuple[bytes, dict, str]:
     global compilations
     nvrtc = bindings()
 
@@ -148,7 +172,7 @@ def _compile_once(source: str, source_name: str, headers: dict[str, bytes], arch
                   "create program")
     try:
         options = [f"-arch={arch}".encode(), *(o.encode() for o in OPTIONS)]
-        compilations += 1
+        compilations += counted
         try:
             (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
         finally:

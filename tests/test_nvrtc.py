@@ -274,3 +274,17 @@ def test_a_compile_that_comes_back_without_a_report_is_compiled_again_uncached(m
     assert report["reported"] and report["registers"] > 0
     assert len(sources) == 2 and sources[1].startswith(source) and sources[1] != source
     assert cubin == real(source, "twice.cu", {}, "sm_90", "kernels")[0]
+
+
+def test_nvrtc_warms_up_once_a_process_on_a_thread_and_uncounted(monkeypatch):
+    """A JIT's instance pays NVRTC's first-compile start ahead (aicg/runtime/instance.py)."""
+    monkeypatch.setattr(nvrtc, "_warming", None)
+    before = nvrtc.compilations
+    nvrtc.warm_up_in_background()
+    first = nvrtc._warming
+    nvrtc.warm_up_in_background()
+    assert first is not None and nvrtc._warming is first
+    first.join(120)
+    assert not first.is_alive() and nvrtc.compilations == before
+    cubin, report, _ = nvrtc._compile_once(nvrtc.WARM_UP_SOURCE, "w.cu", {}, "sm_80", "kernels", counted=False)
+    assert cubin and report["reported"] and nvrtc.compilations == before

@@ -44,7 +44,7 @@ import math
 import threading
 from pathlib import Path
 
-from .. import codegen, digest, trust
+from .. import codegen, digest, nvrtc, trust
 from ..dtypes import DTYPES
 from ..errors import InputError
 from ..ops import OPERATORS
@@ -308,6 +308,8 @@ class Instance:
                     for v in e.get("dispatch") or ([e] if "candidate" in e else [])}
         self.jit = (Jit(self.path, packaged, key) if jit and (self.path / "source" / "profile.toml").is_file()
                     else None)
+        if self.jit is not None or matrix_jit is not None:
+            nvrtc.warm_up_in_background()   # a first call that must compile does not pay NVRTC's start
         # each operator a function with its signature on the instance, and a PyTorch custom
         # operator in this namespace where PyTorch is installed (None otherwise)
         self.namespace = torch_ops.attach(self)
