@@ -2,7 +2,7 @@
 
     aicg build [profile=PATH] [target=ENTRY|auto] [recache=1]
     aicg list | aicg help build | aicg explain op=softmax | aicg report
-    aicg probe | aicg primitives [budget=SECONDS] | aicg record     (on a GPU node)
+    aicg probe | aicg primitives [budget=SECONDS] | aicg record [| aicg record_validated]   (on a GPU node)
 
 In a checkout `doit <command>` is the same (dodo.py exposes these tasks); an installed aicg
 has no dodo.py to find, and this command brings its own. Inputs are this directory's or the

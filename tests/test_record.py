@@ -122,6 +122,22 @@ def test_recording_where_nothing_was_validated_fails_and_says_why(tmp_path):
     assert not (project / RECORD).exists()
 
 
+def test_a_build_cut_short_records_what_it_validated_and_builds_nothing_more(tmp_path):
+    """`doit record_validated`: the validations a GPU made before its build stopped, the rest left out."""
+    gpu = make_project(tmp_path / "gpu")
+    assert doit(gpu, "build", PROFILE).code == 0
+    _validate_as_the_gpu_would(gpu)
+    shutil.rmtree(gpu / "build")
+    instance = graph.load_instance(graph.Layout(gpu), gpu / "rulesets/profiles/small.toml", gpu / "build")
+    first = next(s.name for s in instance.steps if s.kind == "validate")
+    assert doit(gpu, first, PROFILE).code == 0
+    run = doit(gpu, "record_validated", PROFILE)
+    assert run.code == 0 and f"recorded 1 validations of small on {GPU}" in run.output, run.output
+    assert "5 left out" in run.output and "not built" in run.output and run.compilations == 0
+    assert [json.loads(line)["outputs"] for line in (gpu / RECORD).read_text().splitlines()] and \
+        not (gpu / "build/small/manifest.json").exists()
+
+
 def test_recording_again_replaces_the_instances_lines_and_keeps_others(tmp_path, recorded):
     gpu, _ = recorded
     path = gpu / RECORD

@@ -118,6 +118,10 @@ def task_instance():
                                         f"hwdb/{loaded.target}.validations.jsonl",
            "actions": [(_record, [loaded])], "task_dep": ["package"], "uptodate": [False],
            "verbosity": 2, "meta": graph_meta}
+    yield {"basename": "record_validated", "doc": f"write what this GPU has validated of {loaded.name} so far to "
+                                                  f"hwdb/{loaded.target}.validations.jsonl, building nothing "
+                                                  f"(after a build cut short)",
+           "actions": [(_record, [loaded])], "uptodate": [False], "verbosity": 2, "meta": graph_meta}
     yield {"basename": "explain", "doc": "print why rules and families are legal or not: doit explain [op=..] [dtype=..] [profile=..]",
            "actions": [(_explain, [loaded])], "uptodate": [False], "verbosity": 2,
            "meta": cli_vars.meta(cli_vars.of_task("explain"))}
@@ -139,7 +143,7 @@ def _unloadable(message: str):
     GPU's entry comes to exist."""
     def fail():
         return TaskFailed(message)
-    for basename in ("package", "build", "record", "explain", "explore"):
+    for basename in ("package", "build", "record", "record_validated", "explain", "explore"):
         yield {"basename": basename, "doc": f"(cannot load the instance: {message.splitlines()[0]})",
                "actions": [fail], "uptodate": [False], "verbosity": 2}
 

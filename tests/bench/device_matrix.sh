@@ -7,7 +7,8 @@
 #   BUILD_SECONDS=240        (doit build profile=rulesets/profiles/matmul.toml target=auto; 0: skip)
 #   BENCH="--stages grid --grid-nk 4096x4096,4096x14336"   (each shape: the prior's first 4 and the first tried)
 #   BENCH_SECONDS=240        (tests/bench/matmul_bench.py with BENCH's arguments; empty BENCH: skip)
-#   RECORD=1                 (doit record of the matmul profile: hwdb/<gpu>.validations.jsonl to $OUT)
+#   RECORD=1                 (doit record of the matmul profile: hwdb/<gpu>.validations.jsonl to $OUT;
+#                             RECORD_SECONDS, default 300: past it, what was validated is recorded)
 # Results go to $OUT (or ./device-out): the matrix profile, the bench JSON, the build's manifest and
 # report, and logs.tgz (every log, refreshed after each step). Carried wheels in .whl/ are installed first.
 set -uo pipefail
@@ -43,7 +44,10 @@ if [ -n "${BENCH:-}" ]; then
   keep_logs
 fi
 if [ "${RECORD:-0}" = 1 ]; then
-  timeout 300 python3 -m doit record profile=rulesets/profiles/matmul.toml 2>&1 | tee "$LOGS/record.log" | tail -5
+  # a record cut short by its limit keeps what was validated before it: record_validated writes that
+  timeout "${RECORD_SECONDS:-300}" python3 -m doit record profile=rulesets/profiles/matmul.toml 2>&1 \
+    | tee "$LOGS/record.log" | tail -5 \
+    || timeout 60 python3 -m doit record_validated profile=rulesets/profiles/matmul.toml 2>&1 | tail -5
   cp "hwdb/$entry.validations.jsonl" "$OUT/" 2>/dev/null
   keep_logs
 fi
