@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -210,13 +211,17 @@ def main(argv=None) -> None:
     out = {"device": info.name, "k": K, "method": "CUDA events around the launch, the L2 evicted by a read, median",
            "read": [], "gemv": [], "cublas": []}
     flush = timing.L2Flush("read")
-    if args.stages_left_out:
-        kernels(out, [(SETTINGS[0], v) for v in VARIANTS], info.compute_capability)
-    else:
-        floor(out, flush, info.sm_count, info.compute_capability)
-        kernels(out, [(s, "base") for s in SETTINGS], info.compute_capability)
-        cublas(out)
-    Path(args.json).write_text(json.dumps(out, indent=1))
+    # a run stopped by its time limit (SIGTERM) still writes what it measured
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    try:
+        if args.stages_left_out:
+            kernels(out, [(SETTINGS[0], v) for v in VARIANTS], info.compute_capability)
+        else:
+            floor(out, flush, info.sm_count, info.compute_capability)
+            cublas(out)
+            kernels(out, [(s, "base") for s in SETTINGS], info.compute_capability)
+    finally:
+        Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
