@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One call on a GPU node that records what this GPU validates (doit record) for every shipped
+# profile whose target is this GPU's hwdb entry, so that CPU-only builds of them come out validated
+# (docs/trust.md). Each profile's record has a time limit; past it, what was validated so far is
+# recorded (doit record_validated) and the next call's record validates only the rest.
+#   PROFILES="rulesets/profiles/h200.toml rulesets/profiles/fused.toml"   (default: every profile of this GPU's entry)
+#   RECORD_SECONDS=300       (each profile's limit)
+# The record, hwdb/<entry>.validations.jsonl, lands in $OUT after each profile, with logs.tgz.
+set -uo pipefail
+. "$(dirname "$0")/device_env.sh"
+entry=$(python3 -c "from aicg import target as t; print(t.resolve('auto', 'hwdb', t.present_device()))") || exit 1
+echo "hwdb entry: $entry" | tee -a "$LOGS/gpu.txt"
+if [ -z "${PROFILES:-}" ]; then
+  PROFILES=$(python3 - "$entry" <<'PY'
+import sys, tomllib
+from pathlib import Path
+print(" ".join(str(p) for p in sorted(Path("rulesets/profiles").glob("*.toml"))
+               if tomllib.loads(p.read_text()).get("instance", {}).get("target") == sys.argv[1]))
+PY
+)
+fi
+echo "profiles: ${PROFILES:-none}"
+for profile in $PROFILES; do
+  log="$LOGS/record-$(basename "$profile" .toml).log"
+  timeout "${RECORD_SECONDS:-300}" python3 -m doit record profile="$profile" 2>&1 | tee "$log" | tail -4 \
+    || timeout 90 python3 -m doit record_validated profile="$profile" 2>&1 | tee -a "$log" | tail -3
+  cp "hwdb/$entry.validations.jsonl" "$OUT/" 2>/dev/null
+  keep_logs
+done
