@@ -13,7 +13,7 @@
 # report, and logs.tgz (every log, refreshed after each step). Carried wheels in .whl/ are installed first.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
-entry=$(python3 -c "from aicg import target as t; print(t.resolve('auto', 'hwdb', t.present_device()))") || exit 1
+entry=$(hwdb_entry) || exit 1
 echo "hwdb entry: $entry" | tee -a "$LOGS/gpu.txt"
 
 GPU_TESTS=${GPU_TESTS-tests/test_gpu_matrix_build.py tests/test_gpu_matrix_lab.py}
@@ -44,10 +44,7 @@ if [ -n "${BENCH:-}" ]; then
   keep_logs
 fi
 if [ "${RECORD:-0}" = 1 ]; then
-  # a record cut short by its limit keeps what was validated before it: record_validated writes that
-  timeout "${RECORD_SECONDS:-300}" python3 -m doit record profile=rulesets/profiles/matmul.toml 2>&1 \
-    | tee "$LOGS/record.log" | tail -5 \
-    || timeout 60 python3 -m doit record_validated profile=rulesets/profiles/matmul.toml 2>&1 | tail -5
+  record_profile rulesets/profiles/matmul.toml "${RECORD_SECONDS:-300}" "$LOGS/record.log"
   cp "hwdb/$entry.validations.jsonl" "$OUT/" 2>/dev/null
   keep_logs
 fi

@@ -8,7 +8,7 @@
 # The record, hwdb/<entry>.validations.jsonl, lands in $OUT after each profile, with logs.tgz.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
-entry=$(python3 -c "from aicg import target as t; print(t.resolve('auto', 'hwdb', t.present_device()))") || exit 1
+entry=$(hwdb_entry) || exit 1
 echo "hwdb entry: $entry" | tee -a "$LOGS/gpu.txt"
 if [ -z "${PROFILES:-}" ]; then
   PROFILES=$(python3 - "$entry" <<'PY'
@@ -21,9 +21,7 @@ PY
 fi
 echo "profiles: ${PROFILES:-none}"
 for profile in $PROFILES; do
-  log="$LOGS/record-$(basename "$profile" .toml).log"
-  timeout "${RECORD_SECONDS:-300}" python3 -m doit record profile="$profile" 2>&1 | tee "$log" | tail -4 \
-    || timeout 90 python3 -m doit record_validated profile="$profile" 2>&1 | tee -a "$log" | tail -3
+  record_profile "$profile" "${RECORD_SECONDS:-300}" "$LOGS/record-$(basename "$profile" .toml).log"
   cp "hwdb/$entry.validations.jsonl" "$OUT/" 2>/dev/null
   keep_logs
 done
