@@ -10,7 +10,7 @@ import pytest
 
 from aicg import cli_graph, cli_layout, cli_progress, cli_vars, digest, suggest
 from aicg.errors import InputError
-from aicg.tasks import graph
+from aicg.tasks import doit_tasks, graph
 from doit_project import doit, instance_files, make_project
 
 PROFILE = "profile=rulesets/profiles/small.toml"
@@ -66,9 +66,12 @@ def test_a_target_hwdb_lacks_fails_the_build_not_the_probe(tmp_path):
     """A profile whose target has no hwdb entry yet (a GPU not probed) fails the instance's tasks
     with the reason; `doit probe`, which writes that entry, stays runnable."""
     project = make_project(tmp_path / "p")
+    whole = {line.split()[0] for line in doit(make_project(tmp_path / "whole"), "list").output.splitlines() if line.strip()}
     (project / "hwdb/h100-sxm.toml").unlink()
     listed = doit(project, "list")
     assert listed.code == 0 and "probe" in listed.output, listed.output
+    # every command of the instance is there, failing with the reason (the kinds of its steps aside)
+    assert whole - set(doit_tasks.KIND_DOCS) <= {line.split()[0] for line in listed.output.splitlines() if line.strip()}
     run = doit(project, "build")
     assert run.code != 0 and "instance.target: expected a hwdb entry in" in run.output, run.output
     assert "'h100-sxm'" in run.output and not (project / "build").exists()
