@@ -37,10 +37,10 @@ FUSED = Epilogue("gelu_erf", bias=True, residual=True)
 
 def _new_design(template: str, knobs: dict) -> tuple | None:
     """Which of the later designs a setting combines (wgmma: staged store, pingpong, split-K, each
-    with or without a cluster; the decode kernel: the cp.async ring, the even spread); None for the
+    with or without a cluster; the decode kernel: the cp.async ring, the even or warps spread); None for the
     first design."""
     if template == "gemv":
-        found = (("ring",) if knobs["ring"] else ()) + (("even",) if knobs["spread"] == "even" else ())
+        found = (("ring",) if knobs["ring"] else ()) + ((knobs["spread"],) if knobs["spread"] != "splits" else ())
         return found or None
     if template != "wgmma":
         return None
@@ -144,9 +144,9 @@ def test_realisation_matches_float64(real, device, runner, compiled):
     assert failures == []
 
 
-@pytest.mark.parametrize("spread", ["splits", "even"])
+@pytest.mark.parametrize("spread", ["splits", "even", "warps"])
 def test_split_k_decode_is_deterministic_across_launches(device, runner, spread):
-    """The decode kernel's parts of a sum (its splits, or the even shares' segments) are added in a
+    """The decode kernel's parts of a sum (its splits, the even shares' segments, or a CTA's warps' runs) are added in a
     fixed order: the bits repeat (check.validate runs it twice on the same inputs and compares), at a
     shape that cuts K many ways."""
     info, _ = device

@@ -6,7 +6,7 @@ for sm_80 too); ptxas's report is read (registers, no spills, no stack frame, no
 voids the design) and the SASS is checked for the instructions each design rests on:
 HGMMA, UTMALDG (.MULTICAST where clustered) and USETMAXREG for the wgmma kernel, HMMA with
 LDSM and LDGSTS for mma.sync, HMMA with 16-byte streaming loads for the decode kernel. Every tried
-setting of the decode kernel compiles with either spread of its work, and the even spread's K
+setting of the decode kernel compiles with every spread of its work, and the even spread's K
 loop keeps the loads in flight of the splits' one.
 
 The whole legal space compiles under AICG_MATRIX_FULL_SPACE=1 (minutes on two cores).
@@ -184,7 +184,7 @@ def k_loop(sass, cubin: bytes) -> Counter:
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("knobs", gemv_settings(), ids=lambda k: "_".join(f"{n}{v}" for n, v in sorted(k.items())))
-def test_every_tried_decode_setting_compiles_with_either_spread(knobs, dtype, hopper, sass):
+def test_every_tried_decode_setting_compiles_with_every_spread(knobs, dtype, hopper, sass):
     real = space.realisation("gemv", dtype, "k", "k", Epilogue(), **knobs)
     rules = RULES["gemv"]
     assert rules.violations(real, hopper) == []

@@ -481,3 +481,17 @@ def test_the_default_instance_carries_no_matrix_section(tmp_path):
     assert not any(s.name.endswith(":matmul") for s in instance.steps)
     package = next(s for s in instance.steps if s.kind == "package")
     assert "matmul" not in package.reads and "source/rulesets/matrix.toml" not in package.reads["source"]
+
+
+def test_a_matrix_validation_is_keyed_by_its_own_templates_rules_only(repo):
+    """An edit of one template's rules (the decode kernel's, say) leaves the other templates'
+    validations, and the records of them, valid: a validate step's code holds the rules of its
+    kernel's template and of no other."""
+    instance = graph.load_instance(graph.Layout(repo), repo / "rulesets/profiles/matmul.toml", repo / "build")
+    steps = [s for s in instance.steps if s.kind == "validate" and s.name.startswith("validate:matmul.")]
+    assert {s.name.split(":")[1].split(".")[1] for s in steps} >= {"wgmma", "gemv"}
+    for s in steps:
+        template = s.name.split(":")[1].split(".")[1]
+        rules = {m for m in s.code if m.startswith("matrix/templates/") and m not in
+                 ("matrix/templates/__init__.py", "matrix/templates/base.py")}
+        assert rules == {f"matrix/templates/{template}.py"}, s.name

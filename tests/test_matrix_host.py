@@ -331,6 +331,24 @@ def test_an_even_launch_is_one_wave_with_its_workspace_and_no_split(monkeypatch)
     assert prepared.keep[names.index("k_split")].value == 0       # the even spread reads no split
 
 
+
+@pytest.mark.parametrize("m, n, k, parts", [(1, 4096, 4096, 4), (16, 28672, 4096, 4), (3, 520, 8, 1), (1, 7, 64, 2),
+                                            (1, 4096, 96, 3)])
+def test_a_warps_launch_cuts_k_among_a_ctas_warps_with_no_workspace(monkeypatch, m, n, k, parts):
+    """The warps spread: a CTA a warp's columns (tiles x 8), no partial sums in memory, no tickets, the
+    K sum in as many parts as the CTA's warps hold steps of it (the bound counts each)."""
+    warps = real("gemv", i=next(i for i, k in enumerate(TRIED["gemv"]) if k["spread"] == "warps"))
+    rules, problem = RULES["gemv"], Problem(m, n, k)
+    assert rules.columns_per_block(warps) == 8 * warps.knob("tiles")
+    g = rules.geometry(warps, problem, 132, None)
+    assert g.grid == (-(-n // rules.columns_per_block(warps)), 1, 1) and g.block == (32 * warps.knob("warps"), 1, 1)
+    assert (g.workspace_bytes, g.ticket_bytes, g.splits) == (0, 0, parts)
+    assert rules.k_split(warps, problem, 132) == 0
+    kernel, fake = _faked_launch(monkeypatch, warps)
+    kernel.launch(problem, {"a": 0x1000, "b": 0x2000, "c": 0x3000})
+    assert fake.launches[0][:3] == g.grid and "workspace" not in kernel._scratch
+
+
 # ---- the wgmma kernel's pipeline protocol, played out on the host
 
 class _Barrier:

@@ -245,7 +245,7 @@ def test_legal_space_sizes(hopper):
     """The space the opt-in full compile covers (tests/test_matrix_build.py): every legal knob setting."""
     assert 3000 < len(legal("wgmma", hopper)) < 6000
     assert 50 < len(legal("mma", hopper)) < 1500
-    assert 2 * 40 < len(legal("gemv", hopper)) <= 2 * 72    # each setting with either spread
+    assert 3 * 40 < len(legal("gemv", hopper)) <= 3 * 72    # each setting with every spread
 
 
 # ---- what ptxas made of the settings tried first (NVRTC on this machine, sm_90a)

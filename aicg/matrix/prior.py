@@ -22,7 +22,7 @@ plus a split-K reduction's partial sums written and read back, and a launch.
 The decode realisation (gemv) streams the weight once: its bytes at the
 bandwidth its loads in flight reach, slowed where SMs hold unequal numbers
 of its CTAs (the even spread's one wave holds equal numbers), the partial
-sums of split blocks, and the MMA work of 16 padded rows.
+sums of blocks split across CTAs, and the MMA work of 16 padded rows.
 
 Knobs the model does not read it cannot rank. Those a matrix profile's
 measurements rank (CALIBRATED_KNOBS: the schedule, the epilogue's store, the
@@ -241,7 +241,9 @@ def _gemv(real: Realisation, p: Problem, hw: dict) -> Terms:
     balance = per_sm / math.ceil(per_sm)
     dram = _io_bytes(p) / (hw["dram_read_bandwidth"] * _fill(in_flight, hw["load_bytes_in_flight"]) * balance)
     compute = 2.0 * GEMV_ROWS * p.n * p.k / hw[f"mma_flops.{p.dtype}"]
-    if k["spread"] == "even":
+    if k["spread"] == "warps":     # the warps' sums are added in shared memory
+        partial_bytes = 0
+    elif k["spread"] == "even":
         published = rules.even_shares(real, p, int(hw["sm_count"])).partial_segments if geometry.splits > 1 else 0
         partial_bytes = published * p.m * rules.columns_per_block(real) * 4
     else:

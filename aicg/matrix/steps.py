@@ -14,8 +14,8 @@ decisions and do the costly work under their keys.
 Compilation targets the GPU's own arch (sm_90a on compute capability 9.0:
 wgmma exists only there; aicg/matrix/build.py), and the arch is part of
 every compile key. Validation keys hold their own code list
-(VALIDATE_CODE): the matrix modules a validation runs, not the row
-families'.
+(validate_code): the matrix modules a validation runs and the rules of
+the kernel's own template, not the row families' or the other templates'.
 """
 from __future__ import annotations
 
@@ -46,7 +46,14 @@ CODEGEN_CODE = ("matrix/codegen.py", *SPACE_CODE)
 COMPILE_CODE = ("nvrtc.py", "matrix/build.py", "matrix/codegen.py")
 VALIDATE_CODE = ("matrix/validation.py", "matrix/check.py", "matrix/worker.py", "matrix/reference.py",
                  "matrix/launch.py", "matrix/tensormap.py", "matrix/timing.py", "matrix/build.py",
-                 "runtime/driver.py", "validate/isolated.py", "dtypes.py", *SPACE_CODE)
+                 "runtime/driver.py", "validate/isolated.py", "dtypes.py", "matrix/space.py", "matrix/problem.py",
+                 "matrix/templates/__init__.py", "matrix/templates/base.py")
+
+
+def validate_code(template: str) -> tuple[str, ...]:
+    """What a validation of `template`'s kernels runs: the common modules and that template's rules
+    only, so that an edit of one template leaves the others' validations (and the records of them) valid."""
+    return (*VALIDATE_CODE, f"matrix/templates/{template}.py")
 SELECT_CODE = ("matrix/select.py", "matrix/steps.py")
 
 
@@ -194,7 +201,7 @@ def _validate_step(cand: matrix_plan.Candidate, cls, hardware: hw.Hardware, prof
         return Result({out: to_json(outcome)}, cache=outcome["status"] != "unvalidated")
 
     return Step(f"validate:{cand.id}", f"check {cand.real.name} against float64 on {hardware.name}, and time it",
-                reads, run, VALIDATE_CODE, upstream=(f"compile:{cand.id}",), targets=(out,),
+                reads, run, validate_code(cand.template), upstream=(f"compile:{cand.id}",), targets=(out,),
                 local_state=row_validation.local_device_state, role="evidence")
 
 

@@ -18,6 +18,13 @@
 //                               every SM streams the same bytes, where the
 //                               splits leave some SMs one CTA more than others
 //                               once the blocks come near the resident CTAs.
+//                SPREAD_WARPS   grid (blocks): a column block of TILES x 8
+//                               columns a CTA, its K cut among the CTA's warps
+//                               in WARPS runs of equal steps (+-1); the runs'
+//                               sums added in shared memory in K order. No
+//                               workspace, no tickets: at M = 1 the weight is
+//                               read by many small CTAs, each SM's warps on
+//                               different rows of W.
 //   loads        per 32-wide K step a lane loads 16 bytes (8 elements) of one
 //                W row per tile, and 16 bytes of A rows l/4 and l/4 + 8. W
 //                comes in groups of UNROLL steps:
@@ -36,7 +43,7 @@
 //                (a permutation of the k-order, legal: the sum is the same
 //                set of products)
 //   reduction    a block whose K is cut into parts (splits, or the segments of
-//                several CTAs): each part's fp32 sums go to `partials`, and
+//                several CTAs; the warps spread's parts stay in its CTA): each part's fp32 sums go to `partials`, and
 //                the last CTA of the block to arrive (a ticket per block) adds
 //                the parts in K order and applies the epilogue: the same bits
 //                whichever CTA arrives last. It resets the ticket for the next
@@ -58,7 +65,7 @@
 namespace aicg {
 namespace matrix {
 
-enum Spread { SPREAD_SPLITS = 0, SPREAD_EVEN = 1 };
+enum Spread { SPREAD_SPLITS = 0, SPREAD_EVEN = 1, SPREAD_WARPS = 2 };
 constexpr int GEMV_K_STEP = 32;   // K a warp covers per step (4 lanes x 8 elements): the unit of a share
 
 // The warp's sums over K range [k_begin, k_end) (whole 8-element vectors) of the columns from
@@ -249,12 +256,42 @@ template <typename T, int WARPS, int TILES, int UNROLL, int ACT, bool BIAS, bool
 __device__ __forceinline__ void gemv(const T* a, int lda, const T* w, int ldw, T* c, int ldc, const T* bias,
                                      const T* residual, int ldr, int m, int n, int k, int k_split, float* partials,
                                      unsigned* tickets) {
-  constexpr int COLUMNS = WARPS * TILES * 8;   // of a column block
+  constexpr int COLUMNS = WARPS * TILES * 8;   // of a column block (the warps spread's: TILES x 8)
   const int warp = threadIdx.x / 32;
   const Epilogue<T, ACT, BIAS, RESIDUAL> epilogue(c, ldc, bias, residual, ldr, m, n);
   float acc[TILES][4];
 
-  if constexpr (SPREAD == SPREAD_SPLITS) {
+  if constexpr (SPREAD == SPREAD_WARPS) {
+    const int col0 = blockIdx.x * TILES * 8;
+    const int steps = (k + GEMV_K_STEP - 1) / GEMV_K_STEP;
+    const int k_begin = warp * steps / WARPS * GEMV_K_STEP;
+    const int k_end = min(k, (warp + 1) * steps / WARPS * GEMV_K_STEP);
+    gemv_accumulate<T, WARPS, TILES, UNROLL, RING>(acc, a, lda, w, ldw, m, n, col0, k_begin, k_end);
+    if constexpr (WARPS > 1) {
+      // warp w > 0 leaves its sums at runs[w - 1]; warp 0 adds them in K order, so the bits do not
+      // depend on which warp finishes first
+      __shared__ float4 runs[WARPS - 1][TILES][32];
+      const int lane = threadIdx.x % 32;
+      if (warp > 0) {
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) runs[warp - 1][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+      }
+      __syncthreads();
+      if (warp > 0) return;
+#pragma unroll
+      for (int w = 0; w < WARPS - 1; ++w)
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) {
+          const float4 run = runs[w][t][lane];
+          acc[t][0] += run.x;
+          acc[t][1] += run.y;
+          acc[t][2] += run.z;
+          acc[t][3] += run.w;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) store_fragment(epilogue, 0, col0 + t * 8, acc[t]);
+  } else if constexpr (SPREAD == SPREAD_SPLITS) {
     const int col0 = blockIdx.x * COLUMNS + warp * TILES * 8;   // the warp's first column
     const int k_begin = blockIdx.y * k_split, k_end = min(k, k_begin + k_split);
     gemv_accumulate<T, WARPS, TILES, UNROLL, RING>(acc, a, lda, w, ldw, m, n, col0, k_begin, k_end);

@@ -1,5 +1,6 @@
 """Rules of kernels/matrix/gemv.cuh: the decode GEMM (M <= 16), its work spread over the GPU by
-split-K (spread "splits") or in equal shares of (column block, K step) units (spread "even")."""
+split-K (spread "splits"), in equal shares of (column block, K step) units (spread "even"), or among a
+CTA's warps (spread "warps")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from .base import (ACTIVATION_CONSTANTS, CTYPES, Geometry, GpuLimits, TemplateRu
 
 MAX_M = 16                    # the rows of one m16n8k16 fragment
 K_STEP = 32                   # K a warp covers per step (4 lanes x 8 elements): gemv.cuh's GEMV_K_STEP
-SPREAD_CONSTANTS = {"splits": "aicg::matrix::SPREAD_SPLITS", "even": "aicg::matrix::SPREAD_EVEN"}
+SPREAD_CONSTANTS = {"splits": "aicg::matrix::SPREAD_SPLITS", "even": "aicg::matrix::SPREAD_EVEN",
+                    "warps": "aicg::matrix::SPREAD_WARPS"}
 EVEN_SLOTS = 2                # partial segments a CTA of the even spread may publish: its first and last block
 INT_LIMIT = 2 ** 31           # the kernel cuts shares in int arithmetic
 MIN_SPLIT_STEPS = 8           # a split covers at least this many steps: the reduction stays a small share
@@ -46,6 +48,12 @@ class GemvRules(TemplateRules):
         k = real.settings
         return k["warps"] * k["ring"] * k["unroll"] * k["tiles"] * 32 * 16
 
+    def runs_shared_bytes(self, real: Realisation) -> int:
+        """The warps spread's sums of every warp but the first, 4 floats a lane and tile, in static
+        shared memory."""
+        k = real.settings
+        return (k["warps"] - 1) * k["tiles"] * 32 * 16 if k["spread"] == "warps" else 0
+
     def accumulators(self, real: Realisation) -> int:
         return 4 * real.knob("tiles")
 
@@ -66,9 +74,9 @@ class GemvRules(TemplateRules):
         if self.registers_estimate(real) > limits.registers_per_thread:
             found.append(f"about {self.registers_estimate(real)} registers a thread "
                          f"(at most {limits.registers_per_thread})")
-        if self.dynamic_shared_bytes(real) > limits.shared_optin_bytes:
-            found.append(f"{self.dynamic_shared_bytes(real)} bytes of shared memory "
-                         f"(the GPU allows {limits.shared_optin_bytes} a block)")
+        shared = self.dynamic_shared_bytes(real) + self.runs_shared_bytes(real)
+        if shared > limits.shared_optin_bytes:
+            found.append(f"{shared} bytes of shared memory (the GPU allows {limits.shared_optin_bytes} a block)")
         return found
 
     def template_arguments(self, real: Realisation) -> list[str]:
@@ -107,13 +115,17 @@ class GemvRules(TemplateRules):
         return aligned_leading_dimensions(problem)
 
     def columns_per_block(self, real: Realisation) -> int:
+        """Output columns a column block holds: a warp's (tiles x 8) in the warps spread, whose warps
+        share their block's columns, else every warp's."""
+        if real.knob("spread") == "warps":
+            return real.knob("tiles") * 8
         return real.knob("warps") * real.knob("tiles") * 8
 
     def blocks_per_sm_estimate(self, real: Realisation) -> int:
         """CTAs an SM holds at once by the register estimate (a launch asks the driver instead)."""
         threads = self.threads(real)
         by_registers = REGISTERS_PER_SM // (self.registers_estimate(real) * threads)
-        by_shared = SHARED_BYTES_PER_SM // max(1, self.dynamic_shared_bytes(real))
+        by_shared = SHARED_BYTES_PER_SM // max(1, self.dynamic_shared_bytes(real) + self.runs_shared_bytes(real))
         return max(1, min(RESIDENT_THREADS_PER_SM // threads, by_registers, by_shared))
 
     def resident_ctas(self, real: Realisation, sm_count: int, blocks_per_sm: int | None = None) -> int:
@@ -123,8 +135,8 @@ class GemvRules(TemplateRules):
     def k_split(self, real: Realisation, problem: Problem, sm_count: int, blocks_per_sm: int | None = None) -> int:
         """K a split covers: as many splits as keep the grid within one wave of resident CTAs
         (a second, partial wave would run at a fraction of the bandwidth), each split at least
-        MIN_SPLIT_STEPS steps, a whole number of steps. The even spread reads no split: 0."""
-        if real.knob("spread") == "even":
+        MIN_SPLIT_STEPS steps, a whole number of steps. The even and warps spreads read no split: 0."""
+        if real.knob("spread") != "splits":
             return 0
         blocks = -(-problem.n // self.columns_per_block(real))
         resident = self.resident_ctas(real, sm_count, blocks_per_sm)
@@ -143,6 +155,10 @@ class GemvRules(TemplateRules):
     def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None,
                  blocks_per_sm: int | None = None) -> Geometry:
         threads, shared = (self.threads(real), 1, 1), self.dynamic_shared_bytes(real)
+        if real.knob("spread") == "warps":
+            # a block's K sum in as many parts as warps hold steps of it, added in the CTA
+            blocks, steps = -(-problem.n // self.columns_per_block(real)), -(-problem.k // K_STEP)
+            return Geometry((blocks, 1, 1), threads, 1, shared, 0, 0, min(real.knob("warps"), steps))
         if real.knob("spread") == "even":
             shares = self.even_shares(real, problem, sm_count, blocks_per_sm)
             if shares.most_parts == 1:       # every block one CTA's whole: no partial sums, no tickets
