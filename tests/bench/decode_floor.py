@@ -47,7 +47,9 @@ extern "C" __global__ void empty_kernel() {}
 SETTINGS = (dict(warps=4, tiles=2, unroll=8, ring=0, spread="splits"),
             dict(warps=4, tiles=2, unroll=8, ring=0, spread="even"),
             dict(warps=8, tiles=2, unroll=4, ring=0, spread="splits"),
-            dict(warps=4, tiles=1, unroll=8, ring=4, spread="even"))
+            dict(warps=4, tiles=1, unroll=8, ring=4, spread="even"),
+            dict(warps=4, tiles=1, unroll=8, ring=0, spread="warps"),
+            dict(warps=8, tiles=1, unroll=8, ring=0, spread="warps"))
 # gemv.cuh's lines a variant replaces, and with what
 A_LOADS = ("const uint4 lo = (k_ok && a_lo) ? load_shared_input_16(a_lo_row + kk) : zero;",
            "const uint4 hi = (k_ok && a_hi) ? load_shared_input_16(a_hi_row + kk) : zero;")
