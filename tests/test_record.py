@@ -62,6 +62,22 @@ def test_a_machine_without_a_gpu_builds_the_gpus_instance_from_the_record(tmp_pa
     assert (clone / "build/small/manifest.json").read_bytes() == manifest
 
 
+
+def test_a_record_pulled_in_after_a_cpu_build_validates_the_next_build(tmp_path, recorded):
+    """A machine that built before the record came (git pull, a copied file) takes it on its next
+    build: a validation it could not make is never held up to date against one that has arrived."""
+    gpu, manifest = recorded
+    clone = make_project(tmp_path / "clone")
+    (clone / RECORD).unlink(missing_ok=True)
+    before = doit(clone, "build", PROFILE)
+    assert before.code == 0 and "UNVALIDATED" in before.output
+    shutil.copy(gpu / RECORD, clone / RECORD)
+    after = doit(clone, "build", PROFILE)
+    assert after.code == 0, after.output
+    assert "6 validations from the record" in after.output and "UNVALIDATED" not in after.output
+    assert (clone / "build/small/manifest.json").read_bytes() == manifest
+    assert doit(clone, "build", PROFILE).executed == []     # and then it is up to date
+
 def test_a_kernel_edit_makes_its_kernels_unvalidated_and_says_which(tmp_path, recorded):
     gpu, _ = recorded
     clone = _fresh_clone(tmp_path, gpu)

@@ -136,6 +136,10 @@ def is_fresh(step: Step, env: Env) -> bool:
         return False
     if step.role == "evidence" and "trusted" not in receipt:
         return False
+    # what this machine made but could not vouch for (a validation without a GPU) gives way to what has
+    # since arrived under the same key: a GPU node's record pulled in, its cache copied or shared
+    if receipt.get("origin") == "ran-uncached" and _usable_hit(step, env, receipt["key"]) is not None:
+        return False
     for relpath, blob_digest in receipt["outputs"].items():
         if relpath not in step.declared:
             return False
