@@ -2,11 +2,12 @@
 (Llama-3-8B's dimensions) and a GPT-2-style block (GPT-2 small's), in bfloat16, with random
 weights, each run eagerly, with torch.compile (Inductor default and max-autotune) and with
 aicg.backend(inst) (Inductor default and max-autotune for the rest), in one run: median time
-a forward, compile time, the error against a float64 eager run, and what the backend
-replaced. Writes JSON and prints a table.
+a forward, the host's time a forward (queued behind a GPU sleep), compile time, the error
+against a float64 eager run, and what the backend replaced; with --profile, where a forward's
+time goes (GPU kernels, host operators). Writes JSON and prints a table.
 
     python tests/bench/model_bench.py --json model.json [--instance build/<name>] [--batch 1]
-        [--seq 512] [--reps 20] [--variants eager,inductor,inductor-max-autotune,aicg,aicg-max-autotune]
+        [--seq 512] [--reps 20] [--variants eager,inductor,inductor-max-autotune,aicg,aicg-max-autotune] [--profile]
 
 Without --instance it builds its own (every operator in bfloat16 at the blocks' row shapes,
 for this machine's GPU: `doit build target=auto`) in --work, once; later runs reuse it.
@@ -29,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
+HOST_SLEEP_CYCLES = 60_000_000   # about 35 ms at 1.7 GHz: longer than ten forwards' host time
 
 
 # --- the blocks ------------------------------------------------------------------------
@@ -294,7 +296,44 @@ def time_forward(run, x, reps: int, repeats: int = 5) -> list[float]:
     return times
 
 
-def bench_block(name: str, instance, variants, batch: int, seq: int, reps: int) -> dict:
+def host_ms(run, x, calls: int = 10) -> float:
+    """Host time a forward (Python, dispatch, launches), the forwards queued behind a GPU sleep long
+    enough that none waits for the device: where it exceeds the GPU's time, the host sets the pace."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(HOST_SLEEP_CYCLES)
+    begin = time.perf_counter()
+    for _ in range(calls):
+        run(x)
+    seconds = (time.perf_counter() - begin) / calls
+    torch.cuda.synchronize()
+    return 1e3 * seconds
+
+
+def _device_us(event) -> float:
+    return float(getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)))
+
+
+def profile_forward(run, x, reps: int = 5, top: int = 12) -> dict:
+    """Where a forward's time goes (torch.profiler over `reps` forwards, per forward): the GPU
+    kernels' time in all and the longest kernels, and the host operators with the most time of
+    their own."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run(x)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    kernels = [e for e in events if _device_us(e) > 0 and e.self_cpu_time_total == 0]
+    host = sorted((e for e in events if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)
+    return {"gpu_us": sum(_device_us(e) for e in kernels) / reps,
+            "kernels": [{"name": e.key[:120], "calls": e.count / reps, "us": _device_us(e) / reps}
+                        for e in sorted(kernels, key=lambda e: -_device_us(e))[:top]],
+            "host_ops": [{"name": e.key[:120], "calls": e.count / reps, "self_us": e.self_cpu_time_total / reps}
+                         for e in host[:top]]}
+
+
+def bench_block(name: str, instance, variants, batch: int, seq: int, reps: int, profiled: bool = False) -> dict:
     device = torch.device("cuda")
     block, x = make_block(name, device), block_input(name, batch, seq, device)
     reference = reference_output(name, x, block)
@@ -311,13 +350,16 @@ def bench_block(name: str, instance, variants, batch: int, seq: int, reps: int) 
                 y = run(x)
             error = relative_error(y, reference)   # now: a CUDA graph's next replay overwrites y
             times = time_forward(run, x, reps)
-        entry = {"median_ms": statistics.median(times), "times_ms": times, "first_call_s": first_call,
-                 "relative_error": error}
+            entry = {"median_ms": statistics.median(times), "times_ms": times, "first_call_s": first_call,
+                     "relative_error": error, "host_ms": host_ms(run, x)}
+            if profiled:
+                entry["profile"] = profile_forward(run, x)
         if backend is not None:
             entry["replaced"] = backend.counts()
             entry["reports"] = [r.as_record() for r in backend.reports]
         result["variants"][variant] = entry
-        print(f"{name:6s} {variant:22s} {entry['median_ms']:9.3f} ms  first call {first_call:7.1f} s  "
+        print(f"{name:6s} {variant:22s} {entry['median_ms']:9.3f} ms  host {entry['host_ms']:7.3f} ms  "
+              f"first call {first_call:7.1f} s  "
               f"error {entry['relative_error']:.2e}  {entry.get('replaced', '')}", flush=True)
     return result
 
@@ -332,6 +374,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--blocks", default=",".join(BLOCKS))
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--profile", action="store_true",
+                        help="also where each forward's time goes (torch.profiler: GPU kernels, host operators)")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS)) + sorted(set(args.blocks.split(",")) - set(BLOCKS))
@@ -345,7 +389,7 @@ def main() -> None:
               "instance_name": instance.manifest.get("instance"), "build_s": time.perf_counter() - started,
               "blocks": {}}
     for name in args.blocks.split(","):
-        record["blocks"][name] = bench_block(name, instance, variants, args.batch, args.seq, args.reps)
+        record["blocks"][name] = bench_block(name, instance, variants, args.batch, args.seq, args.reps, args.profile)
         args.json.write_text(json.dumps(record, indent=1) + "\n")   # what was measured so far survives a stop
     record["total_s"] = time.perf_counter() - started
     args.json.write_text(json.dumps(record, indent=1) + "\n")
