@@ -296,3 +296,10 @@ def test_doit_primitives_with_a_budget_that_is_not_a_number_fails_and_writes_not
     with pytest.raises(AssertionError, match="budget: expected a number of seconds > 0"):
         recorded_lab("ten minutes")
     assert not (tmp_path / "project/hwdb/nvidia-h200.realisation.json").exists()
+
+
+def test_a_replay_refuses_a_partial_profile_and_says_what_would_make_it_whole():
+    """The H100's shipped profile is a budgeted run's: replaying it would score a partial plan against
+    another partial one."""
+    with pytest.raises(SystemExit, match="a partial profile .* needs one that measured every realisation"):
+        replay.main(["--target", "h100-sxm", "60"])

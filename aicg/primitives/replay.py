@@ -1,6 +1,8 @@
 """A budgeted lab run replayed on a recorded full profile, with no GPU: how good is a partial profile?
 
-    python -m aicg.primitives.replay [BUDGET ...]     (seconds; default 30 60 120 300 600)
+    python -m aicg.primitives.replay [--target ENTRY] [BUDGET ...]
+        (seconds; default 45 60 90 120 150 180 240 300 600; ENTRY: an hwdb entry whose realisation
+        profile measured every realisation, default nvidia-h200)
 
 simulate() runs budget.run() with the lab's own ordering, its measurements
 looked up in the full profile (hwdb/<gpu>.realisation.json: every
@@ -18,6 +20,7 @@ that the full profile's measured drift rejects counts as failing validation.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
@@ -50,6 +53,10 @@ def setup(root: Path, target: str) -> Setup:
     ruleset = ruleset_loader.load(root / "rulesets")
     hw = plan_inputs.values(plan_inputs.resolve(hw_loader.load_target(root / "hwdb", target)))
     full = realisation.load(realisation.path_for(root / "hwdb", target))
+    if full.provenance.get("method", "").startswith("partial"):
+        raise ValueError(f"{full.path}: a partial profile ({full.provenance['method'].split(';')[0]}); a replay "
+                         f"needs one that measured every realisation (`doit primitives` without a budget, or "
+                         f"budgeted runs until nothing is left)")
     profiles = tuple(profile_loader.load(p, ruleset, root / "hwdb")
                      for p in sorted((root / "rulesets/profiles").glob("*.toml")))
     recorded = {r["id"] for r in full.records}
@@ -172,10 +179,17 @@ def table(s: Setup, budgets) -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
-    budgets = [float(a) for a in argv] or [45, 60, 90, 120, 150, 180, 240, 300, 600]
+    parser = argparse.ArgumentParser(prog="python -m aicg.primitives.replay", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="nvidia-h200", help="the hwdb entry whose full profile is replayed")
+    parser.add_argument("budgets", nargs="*", type=float, help="seconds")
+    args = parser.parse_args(argv)
+    budgets = args.budgets or [45, 60, 90, 120, 150, 180, 240, 300, 600]
     root = Path(__file__).resolve().parents[2]
     started = time.perf_counter()
-    s = setup(root, "nvidia-h200")
+    try:
+        s = setup(root, args.target)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     items = sum(len(lab.row_lengths(c)) for c in s.configs)
     nothing = score(s, [])
     print(f"{s.full.path.name} ({s.full.provenance['device']}, {s.full.provenance['date']}): {len(s.configs)} "
