@@ -15,7 +15,6 @@ it which GPU is here) cannot use the GPU.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 from .tasks import doit_tasks, probe_tasks
@@ -26,10 +25,7 @@ def processes() -> int:
     from . import cli_graph
     if not cli_graph.no_gpu_here():
         return 1
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:   # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return cli_graph.cores()
 
 
 DOIT_CONFIG = {**doit_tasks.DOIT_CONFIG, "num_process": processes()}

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cas, config, digest
+from . import cas, config, digest, nvrtc
 from .tasks import step as steps
 
 SCHEMA = 1
@@ -78,6 +78,14 @@ class GraphChanged(RuntimeError):
     """The instance loaded in full is not the graph that was kept: its file is removed."""
 
 
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:   # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class LoadedGraph:
     """What the tasks and the reporter read of an instance: name, env, layout and steps, with the
     instance in full behind it, loaded at first need (any other attribute is the instance's)."""
@@ -88,6 +96,7 @@ class LoadedGraph:
         self._load_full, self._instance, self._kept = load_full, instance, kept
         self._full_steps: dict[str, steps.Step] | None = None
         self._failed: Exception | None = None
+        self.compiled_ahead = False   # compile_ahead has run for this build
 
     @property
     def from_kept_graph(self) -> bool:
@@ -110,6 +119,20 @@ class LoadedGraph:
                 raise self._failed
             self._instance = instance
         return self._instance
+
+    def compile_ahead(self) -> int:
+        """Start compiling, on threads, every kernel of the instance that no step has published and
+        neither the local store nor a record holds (aicg/nvrtc.compile_ahead), for a build that runs
+        its steps one at a time (on a GPU node): the compile steps then take what is ready while the
+        validations use the GPU. Returns how many programs it started."""
+        programs = []
+        for s in self.full().steps:
+            if s.ahead is None or self.is_fresh(s):
+                continue
+            upstream, made = s.ahead()
+            if not self.env.store.holds_here(steps.key_given(s, self.env, upstream)):
+                programs += made
+        return nvrtc.compile_ahead(programs, workers=max(1, cores() - 2)) if len(programs) > 1 else 0
 
     def step(self, name: str) -> steps.Step:
         """The step `name` as loaded in full, checked to read what the kept graph said."""

@@ -18,6 +18,7 @@ back its value. A report that is missing all the same says so
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import threading
@@ -125,17 +126,80 @@ def parse_report(log: str) -> dict:
 
 def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch: str,
                   header_dir: str = "kernels") -> tuple[bytes, dict, str]:
-    """(cubin, resource report, compiler log) or CompileError naming files and lines.
+    """(cubin, resource report, compiler log) or CompileError naming files and lines; a program
+    compile_ahead started is waited for instead of compiled again.
 
     Where another library set NVRTC's cache up before aicg's first compile (PyTorch, say), the
     cache stays on, and a program compiled before by any process comes back without ptxas'
     report. It is then compiled once more with a comment that no earlier program had: the cache
     misses, ptxas runs and reports, and the code is the same (a comment changes no instruction)."""
+    with _ahead_lock:
+        started = _ahead.pop(_program_key(source, source_name, headers, arch, header_dir), None)
+    if started is not None:
+        return started.result()
+    return _compile_now(source, source_name, headers, arch, header_dir)
+
+
+def _compile_now(source: str, source_name: str, headers: dict[str, bytes], arch: str,
+                 header_dir: str) -> tuple[bytes, dict, str]:
     cubin, report, log = _compile_once(source, source_name, headers, arch, header_dir)
     if not report["reported"]:
         fresh = f"{source}\n// aicg: compiled again for ptxas' report ({os.getpid()}, {time.time_ns()})\n"
         cubin, report, log = _compile_once(fresh, source_name, headers, arch, header_dir)
     return cubin, report, log
+
+
+# Programs compile_ahead started, by _program_key: a build that runs its steps one at a time (on
+# a GPU node) compiles the rest of its kernels on threads while it validates the first ones.
+_ahead: dict[str, concurrent.futures.Future] = {}
+_ahead_lock = threading.Lock()
+_ahead_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _program_key(source: str, source_name: str, headers: dict[str, bytes], arch: str, header_dir: str) -> str:
+    return digest.of_value({"source": source, "name": source_name, "arch": arch, "header_dir": header_dir,
+                            "headers": {name: digest.of_bytes(data) for name, data in headers.items()}})
+
+
+def compile_ahead(programs, workers: int) -> int:
+    """Start compiling `programs` ((source, source_name, headers, arch), as compile_cubin takes them)
+    on up to `workers` threads (NVRTC releases the GIL); compile_cubin of one of them later waits for
+    its result, the same cubin, report and log, or its CompileError. Returns how many it started.
+    Not for a process that forks workers: a pool does not survive a fork (the child forgets it)."""
+    global _ahead_pool
+    warm_up_in_background()
+    _warming.join()     # NVRTC's start (and its cache switch) once, before the threads compile
+    started = 0
+    with _ahead_lock:
+        if _ahead_pool is None:
+            _ahead_pool = concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix="aicg-nvrtc")
+        for source, source_name, headers, arch in programs:
+            key = _program_key(source, source_name, headers, arch, "kernels")
+            if key not in _ahead:
+                _ahead[key] = _ahead_pool.submit(_compile_now, source, source_name, headers, arch, "kernels")
+                started += 1
+    return started
+
+
+def finish_ahead() -> None:
+    """Drop what compile_ahead started and no compile took (a build that ended early): what has not
+    begun is cancelled, what is compiling is waited for, so that nothing compiles after the build."""
+    with _ahead_lock:
+        pending = list(_ahead.values())
+        _ahead.clear()
+    for future in pending:
+        future.cancel()
+    concurrent.futures.wait(pending)
+
+
+def _forget_ahead() -> None:
+    """In a forked child: the parent's threads are not there to finish what they started."""
+    global _ahead_pool, _ahead_lock
+    _ahead.clear()
+    _ahead_pool, _ahead_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_ahead)
 
 
 WARM_UP_SOURCE = 'extern "C" __global__ void aicg_warm_up(float* x) { x[threadIdx.x] += 1.0f; }\n'

@@ -128,6 +128,13 @@ class LayeredStore:
         return outputs, signed
 
     # -- what steps call -------------------------------------------------------
+    def holds_here(self, key: str) -> bool:
+        """Whether the local store or a record holds an entry under `key` (no remote is asked, no
+        output read): what a build about to run a step may skip preparing."""
+        if self.config.recache:
+            return False
+        return self.local.get_action(key) is not None or any(layer.lookup(key) is not None for layer in self.records)
+
     def lookup(self, key: str, unsigned_ok: bool = True) -> Hit | None:
         """The outputs stored under `key`, or None for a miss. `unsigned_ok=False` takes nothing
         that came from an unsigned remote (a step whose result vouches for others, see trust.py)."""

@@ -178,8 +178,12 @@ def _compile_step(cand: matrix_plan.Candidate, arch: str, kernels_dir: Path) -> 
         return Result({cubin: built.cubin, report: to_json({"resources": built.report, "ptxas": built.log, "arch": arch,
                                                             "problems": build.report_problems(built.report)})})
 
+    def ahead() -> tuple[dict, list[tuple]]:
+        source = codegen.source(cand.real)
+        return {f"codegen:{cand.id}": {src: digest.of_bytes(source.encode())}}, [(source, src, headers, arch)]
+
     return Step(f"compile:{cand.id}", f"NVRTC-compile {cand.real.name} for {arch}", reads, run, COMPILE_CODE,
-                upstream=(f"codegen:{cand.id}",), targets=(cubin, report))
+                upstream=(f"codegen:{cand.id}",), targets=(cubin, report), ahead=ahead)
 
 
 def served_shapes(cand: matrix_plan.Candidate, cls) -> list[tuple[int, int, int]]:

@@ -17,7 +17,7 @@ from doit import get_var
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
-from .. import build_lock, cas, cli_graph, cli_layout, cli_progress, cli_vars
+from .. import build_lock, cas, cli_graph, cli_layout, cli_progress, cli_vars, nvrtc
 from ..errors import CompileError, DeviceError, InputChanged, InputError, UnknownTarget
 from . import record_task, step as steps, summary
 
@@ -75,6 +75,9 @@ def load() -> cli_graph.LoadedGraph:
 def _action(name: str, loaded: cli_graph.LoadedGraph):
     counted = dict(loaded.env.store.stats)
     try:
+        if name.startswith("compile:") and not loaded.compiled_ahead and compiles_ahead():
+            loaded.compiled_ahead = True
+            loaded.compile_ahead()
         origin = steps.execute(loaded.step(name), loaded.env)
     except (InputError, CompileError, InputChanged, DeviceError, cli_graph.GraphChanged) as err:
         return TaskFailed(str(err))
@@ -82,6 +85,13 @@ def _action(name: str, loaded: cli_graph.LoadedGraph):
     if os.getpid() != _loaded.get("pid"):   # a doit -n worker: its store's counters go back with the result
         values["store"] = {k: n - counted.get(k, 0) for k, n in loaded.env.store.stats.items() if n != counted.get(k, 0)}
     return values
+
+
+def compiles_ahead() -> bool:
+    """Whether the build compiles its kernels ahead on threads (nvrtc.compile_ahead): where a GPU
+    makes it run its steps one at a time, in this process (a forked -n worker has none of the
+    parent's threads, and a pool does not survive a fork)."""
+    return os.getpid() == _loaded.get("pid") and not cli_graph.no_gpu_here()
 
 
 def _task(step: steps.Step, loaded: cli_graph.LoadedGraph, meta: dict) -> dict:
@@ -293,6 +303,7 @@ class BuildReporter(ConsoleReporter):
 
     def complete_run(self):
         try:
+            nvrtc.finish_ahead()
             self._complete_run()
         finally:
             build_lock.release()   # after the summary and provenance: the next build here may start

@@ -163,9 +163,14 @@ def _compile_step(cand: plan.Candidate, family, hardware: hw.Hardware, layout: L
             raise CompileError(f"{err}\n(generated source: {ctx.env.instance_dir / src})") from None
         return Result({cubin: binary, report: to_json({"resources": resources, "ptxas": log, "arch": arch})})
 
+    def ahead() -> tuple[dict, list[tuple]]:
+        source = codegen.source(cand.id, family, cand.dtype, cand.params)
+        return ({f"codegen:{cand.id}": {src: digest.of_bytes(source.encode())}},
+                [(source, src, headers, arch)])
+
     return Step(f"compile:{cand.id}", f"NVRTC-compile {cand.id} for {arch}", reads, run,
                 ("nvrtc.py", "occupancy.py", "codegen.py"),
-                upstream=(f"codegen:{cand.id}",), targets=(cubin, report))
+                upstream=(f"codegen:{cand.id}",), targets=(cubin, report), ahead=ahead)
 
 
 VALIDATE_CODE = ("validate/__init__.py", "validate/check.py", "validate/isolated.py", "runtime/driver.py", "ops.py",

@@ -52,6 +52,9 @@ class Step:
     optional_outputs: tuple[str, ...] = ()  # outputs a result may hold besides its targets
     role: str = "content"          # "content", "evidence" or "verdict": what a stored result is taken for (trust.py)
     signed: tuple[str, ...] = ()   # outputs signed beside them (<path>.sig) when a signing key is configured
+    # a compile step's programs, computable before its upstream steps run: () -> (the upstream outputs'
+    # digests the step will read, [(source, source_name, headers, arch), ...]) (aicg/nvrtc.compile_ahead)
+    ahead: Callable[[], tuple[dict, list[tuple]]] | None = field(default=None, compare=False)
 
     @property
     def kind(self) -> str:
@@ -120,9 +123,14 @@ def key(step: Step, env: Env) -> str | None:
         upstream[name] = receipt["outputs"]
         if receipt.get("trusted") is False:
             untrusted.append(name)
+    return key_given(step, env, upstream, untrusted)
+
+
+def key_given(step: Step, env: Env, upstream: dict[str, dict], untrusted: list[str] = ()) -> str:
+    """The step's key were its upstream steps to publish these outputs ({step name: {path: digest}})."""
     value = {"kind": step.kind, "code": code_digest(step.code), "reads": env.reads_digest(step), "upstream": upstream}
     if untrusted:   # only then: a build on trusted evidence keeps the keys it always had
-        value["untrusted_upstream"] = untrusted
+        value["untrusted_upstream"] = list(untrusted)
     return digest.of_value(value)
 
 
