@@ -12,9 +12,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import importlib.metadata as m; print({p: m.version(p) for p in ['nvidia-cuda-nvrtc','cuda-bindings','cuda-core','torch','triton','numpy']})" | tee -a "$LOGS/gpu.txt"
 # The hwdb entry of the GPU present (as `doit build target=auto` resolves it).
 hwdb_entry() { python3 -c "from aicg import target as t; print(t.resolve('auto', 'hwdb', t.present_device()))"; }
-# record_profile PROFILE SECONDS LOG: doit record of PROFILE within SECONDS; past them, what was
-# validated so far is recorded (doit record_validated), so a call cut short keeps its work.
+# record_profile PROFILE SECONDS LOG [TARGET]: doit record of PROFILE (built for TARGET, an hwdb entry,
+# where given) within SECONDS; past them, what was validated so far is recorded (doit
+# record_validated), so a call cut short keeps its work.
 record_profile() {
-  timeout "$2" python3 -m doit record profile="$1" 2>&1 | tee "$3" | tail -5 \
-    || timeout 90 python3 -m doit record_validated profile="$1" 2>&1 | tee -a "$3" | tail -3
+  local target=${4:+target=$4}
+  timeout "$2" python3 -m doit record profile="$1" $target 2>&1 | tee "$3" | tail -5 \
+    || timeout 90 python3 -m doit record_validated profile="$1" $target 2>&1 | tee -a "$3" | tail -3
 }

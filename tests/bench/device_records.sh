@@ -4,6 +4,7 @@
 # (docs/trust.md). Each profile's record has a time limit; past it, what was validated so far is
 # recorded (doit record_validated) and the next call's record validates only the rest.
 #   PROFILES="rulesets/profiles/h200.toml rulesets/profiles/fused.toml"   (default: every profile of this GPU's entry)
+#   EVERY_PROFILE=1          (every shipped profile instead, each built for this GPU: target=<its entry>)
 #   RECORD_SECONDS=300       (each profile's limit)
 # The record, hwdb/<entry>.validations.jsonl, lands in $OUT after each profile, with logs.tgz.
 set -uo pipefail
@@ -11,17 +12,17 @@ set -uo pipefail
 entry=$(hwdb_entry) || exit 1
 echo "hwdb entry: $entry" | tee -a "$LOGS/gpu.txt"
 if [ -z "${PROFILES:-}" ]; then
-  PROFILES=$(python3 - "$entry" <<'PY'
+  PROFILES=$(python3 - "$entry" "${EVERY_PROFILE:-0}" <<'PY'
 import sys, tomllib
 from pathlib import Path
 print(" ".join(str(p) for p in sorted(Path("rulesets/profiles").glob("*.toml"))
-               if tomllib.loads(p.read_text()).get("instance", {}).get("target") == sys.argv[1]))
+               if sys.argv[2] == "1" or tomllib.loads(p.read_text()).get("instance", {}).get("target") == sys.argv[1]))
 PY
 )
 fi
 echo "profiles: ${PROFILES:-none}"
 for profile in $PROFILES; do
-  record_profile "$profile" "${RECORD_SECONDS:-300}" "$LOGS/record-$(basename "$profile" .toml).log"
+  record_profile "$profile" "${RECORD_SECONDS:-300}" "$LOGS/record-$(basename "$profile" .toml).log" "$entry"
   cp "hwdb/$entry.validations.jsonl" "$OUT/" 2>/dev/null
   keep_logs
 done
