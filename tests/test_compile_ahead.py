@@ -68,3 +68,15 @@ def test_a_build_compiling_ahead_makes_the_same_instance_compiling_each_kernel_o
     # a second build holds everything: nothing to compile ahead
     started.clear()
     assert doit(ahead, "build", PROFILE).executed == [] and started == []
+
+
+def test_a_head_start_that_fails_leaves_each_step_to_compile_its_own(tmp_path, monkeypatch):
+    project = make_project(tmp_path / "p")
+    monkeypatch.setattr(doit_tasks, "compiles_ahead", lambda: True)
+
+    def broken(programs, workers):
+        raise OSError("no threads here")
+    monkeypatch.setattr(nvrtc, "compile_ahead", broken)
+    run = doit(project, "build", PROFILE)
+    assert run.code == 0 and run.compilations == SMALL_PROFILE_COMPILATIONS, run.output
+    assert "the kernels are compiled one at a time (OSError: no threads here)" in run.output

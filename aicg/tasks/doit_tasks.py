@@ -77,7 +77,10 @@ def _action(name: str, loaded: cli_graph.LoadedGraph):
     try:
         if name.startswith("compile:") and not loaded.compiled_ahead and compiles_ahead():
             loaded.compiled_ahead = True
-            loaded.compile_ahead()
+            try:
+                loaded.compile_ahead()
+            except Exception as err:   # noqa: BLE001 - only a head start: each step compiles its own and says what fails
+                print(f"aicg: the kernels are compiled one at a time ({type(err).__name__}: {err})", file=sys.stderr)
         origin = steps.execute(loaded.step(name), loaded.env)
     except (InputError, CompileError, InputChanged, DeviceError, cli_graph.GraphChanged) as err:
         return TaskFailed(str(err))
