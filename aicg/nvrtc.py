@@ -133,10 +133,11 @@ def compile_cubin(source: str, source_name: str, headers: dict[str, bytes], arch
     cache stays on, and a program compiled before by any process comes back without ptxas'
     report. It is then compiled once more with a comment that no earlier program had: the cache
     misses, ptxas runs and reports, and the code is the same (a comment changes no instruction)."""
-    with _ahead_lock:
-        started = _ahead.pop(_program_key(source, source_name, headers, arch, header_dir), None)
-    if started is not None:
-        return started.result()
+    if _ahead:   # only then is the program's key worth hashing (the JIT and the lab compile without)
+        with _ahead_lock:
+            started = _ahead.pop(_program_key(source, source_name, headers, arch, header_dir), None)
+        if started is not None:
+            return started.result()
     return _compile_now(source, source_name, headers, arch, header_dir)
 
 
