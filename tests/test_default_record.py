@@ -25,15 +25,25 @@ def default_build(tmp_path_factory):
     run = doit(root, "build")
     assert run.code == 0, run.output
     name = json.loads((REPO / "tests/data/h100-tolerance-device-manifest.json").read_text())["instance"]
-    return run, json.loads((root / "build" / name / "manifest.json").read_text())
+    return run, json.loads((root / "build" / name / "manifest.json").read_text()), root / "build" / name
+
+
+def stale_candidates(instance_dir) -> list[str]:
+    """Candidates whose validation the build did not find (every candidate, not only those picked:
+    a stale one is passed over for a validated other, silently); a recorded failure is a verdict,
+    not staleness. Fails where the build left no outcome at all."""
+    outcomes = sorted((instance_dir / "validation").glob("*.json"))
+    assert outcomes, f"no validation outcomes in {instance_dir}"
+    return [p.stem for p in outcomes if json.loads(p.read_text())["status"] == "unvalidated"]
 
 
 def test_every_kernel_of_the_default_instance_is_validated_by_the_record(default_build):
-    run, manifest = default_build
+    run, manifest, instance_dir = default_build
     assert "UNVALIDATED" not in run.output, ("the record is older than the kernels: run `doit record` on a "
                                              "GPU of the default profile's target\n" + run.output[-3000:])
     assert {k["validation"] for k in manifest["kernels"].values()} == {"passed"}
     assert f"{len(manifest['kernels'])} of {len(manifest['kernels'])} kernels validated on" in run.output
+    assert stale_candidates(instance_dir) == [], "the record is older than these candidates"
 
 
 def _decisions(manifest: dict) -> dict:
@@ -54,7 +64,7 @@ def test_a_build_without_a_gpu_decides_what_the_gpu_build_decided(default_build)
     """The device's manifest (tests/data, from `doit record` on the GPU) against this machine's:
     the same picks, cubins, validations and times. (The keys in `inputs` hold the code's digests,
     so they are compared only where the manifest was made by the same commit's code.)"""
-    _, manifest = default_build
+    _, manifest, _ = default_build
     device = json.loads(DEVICE_MANIFEST.read_text())
     assert _decisions(manifest) == _decisions(device)
 
@@ -74,3 +84,4 @@ def test_the_matmul_profile_builds_validated_from_the_record(tmp_path):
                                              + run.output[-3000:])
     shapes = sum(len(c["shapes"]) for c in tomllib.loads((REPO / "rulesets/profiles/matmul.toml").read_text())["matmul"])
     assert f"{shapes} of {shapes} matrix workload shapes run a kernel validated on the target" in run.output
+    assert stale_candidates(tmp_path / "build/h100-matmul") == [], "the record is older than these matrix candidates"
