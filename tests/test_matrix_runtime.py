@@ -284,3 +284,49 @@ def test_a_call_that_needs_a_gradient_is_refused_clearly(tmp_path, torch):
     x = torch.empty(4, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
     with pytest.raises(RuntimeError, match="no backward kernel or formula in this instance yet"):
         inst.linear(x, torch.empty(32, 64, dtype=torch.bfloat16, device="meta"))
+
+
+def test_a_call_repeating_an_earlier_ones_signature_launches_its_kernel_on_its_own_arrays(tmp_path, torch,
+                                                                                        monkeypatch):
+    """A second call with the shapes, strides, dtype, GPU and address alignment of the first runs
+    the first one's kernel with nothing chosen again, on its own pointers and a new output; a
+    call differing in any of them is worked out anew. (Tensors that say they are on a GPU stand
+    in for CUDA tensors: the launch is recorded, not made.)"""
+    class OnGpu(torch.Tensor):
+        is_cuda = property(lambda self: True)
+
+    launches = []
+
+    class Recorded:
+        def launch(self, problem, pointers, stream):
+            launches.append((problem.name, pointers))
+
+    data, gemv_id, wgmma_id = section()
+    kernels = dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=False)
+    loaded = {gemv_id: Recorded(), wgmma_id: Recorded()}
+    monkeypatch.setattr(kernels, "_kernel", lambda cls, kernel, device: loaded[kernel.candidate])
+    monkeypatch.setattr(dispatch.driver, "probe_device", lambda ordinal=0: type("Info", (), {
+        "compute_capability": (9, 0), "name": "stand-in"})())
+    monkeypatch.setattr(dispatch.arrays, "current_stream", lambda like: 7)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    choices = []
+    choose = dispatch.ClassKernels.choose
+    monkeypatch.setattr(dispatch.ClassKernels, "choose", lambda self, *a, **k: choices.append(1) or choose(self, *a, **k))
+
+    def tensor(*shape):
+        return torch.empty(*shape, dtype=torch.bfloat16).as_subclass(OnGpu)
+
+    x, w = tensor(4096, 4096), tensor(4096, 4096)
+    first = kernels.linear(x, w)
+    again_x = tensor(4096, 4096)
+    second = kernels.linear(again_x, w)
+    assert len(choices) == 1 and len(launches) == 2 and launches[0][0] == launches[1][0]
+    assert launches[1][1] == {"a": again_x.data_ptr(), "b": w.data_ptr(), "c": second.data_ptr()}
+    assert second.shape == first.shape == (4096, 4096) and second.data_ptr() != first.data_ptr()
+    kernels.linear(x[:2048], w)                     # another shape: chosen anew
+    assert len(choices) == 2
+    shifted = tensor(4096 * 4096 + 1)[1:].view(4096, 4096)   # x's shape and strides, 2-byte aligned
+    for _ in range(2):   # refused, and nothing kept that would let it through next time
+        with pytest.raises(ValueError, match="a and b must be 16-byte aligned"):
+            kernels.linear(shifted, w)
+    assert len(choices) == 4 and len(launches) == 3

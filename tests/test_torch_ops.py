@@ -213,6 +213,18 @@ def test_opcheck_passes_on_the_functional_and_out_operators(instance, torch):
 
 # --- torch.compile -----------------------------------------------------------------------
 
+def test_torch_compile_traces_an_out_call_as_a_functional_one(instance, torch):
+    """out= is an operator that writes into its argument: AOTAutograd turns it into a functional
+    call and a copy, so a compiled function may write into a buffer of its own."""
+    def fill(x, buffer):
+        instance.softmax(x, out=buffer)
+        return buffer * 2
+
+    x, buffer = (torch.empty(4, 64, device="meta", dtype=torch.bfloat16) for _ in range(2))
+    assert torch._dynamo.explain(fill)(x, buffer).graph_break_count == 0
+    assert tuple(torch.compile(fill, fullgraph=True, backend="aot_eager")(x, buffer).shape) == (4, 64)
+
+
 def test_torch_compile_traces_instance_operators_with_no_graph_break(instance, torch):
     graphs = []
 

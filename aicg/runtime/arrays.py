@@ -80,6 +80,9 @@ def view(obj, what: str) -> DeviceArray:
 
 
 def _framework(obj) -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):   # its subclasses too (nn.Parameter, a library's)
+        return "torch"
     return type(obj).__module__.split(".", 1)[0]
 
 
