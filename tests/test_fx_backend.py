@@ -444,3 +444,17 @@ def test_the_rewritten_matrix_graph_computes_what_the_original_computed(torch, t
     assert sorted(calls, key=str) == sorted([None, None, "gelu_erf", "silu"], key=str)
     for got, wanted in zip(found, f(x, w, b, r, w2)):
         assert got.shape == wanted.shape and torch.allclose(got.float(), wanted.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_every_model_bench_variant_names_a_compiler_and_a_mode_inductor_knows(torch, tmp_path, bench_module):
+    import aicg
+    inst = aicg.load(make_instance(tmp_path / "i", dtypes=("bfloat16",)))
+    bench = bench_module("model_bench")
+    block = bench.make_block("gpt2", "meta")
+    for variant in (*bench.VARIANTS, *bench.MORE_VARIANTS):
+        run, backend = bench.compiled(variant, block, inst)
+        mode = variant.partition("-")[2] or None
+        assert (backend is None) == (not variant.startswith("aicg")), variant
+        if backend is not None:
+            assert backend.mode == mode
+        assert mode is None or mode in torch._inductor.list_mode_options()

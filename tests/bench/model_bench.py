@@ -8,6 +8,7 @@ time goes (GPU kernels, host operators). Writes JSON and prints a table.
 
     python tests/bench/model_bench.py --json model.json [--instance build/<name>] [--batch 1]
         [--seq 512] [--reps 20] [--variants eager,inductor,inductor-max-autotune,aicg,aicg-max-autotune] [--profile]
+        (also inductor-reduce-overhead, aicg-reduce-overhead: CUDA graphs, the GPU's time without the host's)
 
 Without --instance it builds its own (every operator in bfloat16 at the blocks' row shapes,
 for this machine's GPU: `doit build target=auto`) in --work, once; later runs reuse it.
@@ -236,6 +237,7 @@ def _rotary_tables(c: LlamaConfig, head_dim: int, device):
 # --- the bench ---------------------------------------------------------------------------
 
 VARIANTS = ("eager", "inductor", "inductor-max-autotune", "aicg", "aicg-max-autotune")
+MORE_VARIANTS = ("inductor-reduce-overhead", "aicg-reduce-overhead")    # by --variants only
 
 
 def profile_text(batch: int, seq: int) -> str:
@@ -271,13 +273,15 @@ def build_instance(work: Path, batch: int, seq: int) -> Path:
 
 
 def compiled(variant: str, block: nn.Module, instance):
+    """The block run as `variant` says: eager, or Inductor or aicg.backend, with Inductor's mode
+    after a dash (inductor-max-autotune, aicg-reduce-overhead: CUDA graphs, no host time a launch)."""
     import aicg
     if variant == "eager":
         return block, None
-    if variant.startswith("inductor"):
-        mode = "max-autotune" if variant.endswith("max-autotune") else None
-        return torch.compile(block, mode=mode), None
-    backend = aicg.backend(instance, mode="max-autotune" if variant.endswith("max-autotune") else None)
+    compiler, _, mode = variant.partition("-")
+    if compiler == "inductor":
+        return torch.compile(block, mode=mode or None), None
+    backend = aicg.backend(instance, mode=mode or None)
     return torch.compile(block, backend=backend), backend
 
 
@@ -378,7 +382,7 @@ def main() -> None:
                         help="also where each forward's time goes (torch.profiler: GPU kernels, host operators)")
     args = parser.parse_args()
     variants = args.variants.split(",")
-    unknown = sorted(set(variants) - set(VARIANTS)) + sorted(set(args.blocks.split(",")) - set(BLOCKS))
+    unknown = sorted(set(variants) - set(VARIANTS) - set(MORE_VARIANTS)) + sorted(set(args.blocks.split(",")) - set(BLOCKS))
     if unknown:
         raise SystemExit(f"unknown variant or block: {', '.join(unknown)}")
     import aicg
