@@ -212,10 +212,6 @@ def direct_launch_check(torch):
 # --- matrix multiplies: inst.matmul, inst.linear (aicg/matrix/dispatch.py) ------------------
 
 MATRIX_OPS = ("matmul", "linear")
-MATRIX_SIGNATURES = {
-    "matmul": (("a", "b"), (("bias", None), ("residual", None), ("activation", None))),
-    "linear": (("x", "weight"), (("bias", None),)),
-}
 MATRIX_SCHEMAS = {
     "matmul": "(Tensor a, Tensor b, Tensor? bias=None, Tensor? residual=None, str activation='none') -> Tensor",
     "linear": "(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
@@ -229,11 +225,26 @@ MATRIX_DOCS = {
 }
 
 
+def _matmul_arguments(a, b, bias=None, residual=None, activation=None):
+    return a, b, bias, residual, activation
+
+
+def _linear_arguments(x, weight, bias=None):
+    return x, weight, bias
+
+
+# Each call's arguments in order, bound by a plain function of the operator's signature and name
+# (inspect.Signature.bind costs microseconds a call); the tensors come first.
+_matmul_arguments.__name__ = _matmul_arguments.__qualname__ = "matmul"
+_linear_arguments.__name__ = _linear_arguments.__qualname__ = "linear"
+MATRIX_ARGUMENTS = {"matmul": _matmul_arguments, "linear": _linear_arguments}
+MATRIX_TENSORS = {"matmul": 4, "linear": 3}
+
+
 def matrix_signature(name: str) -> inspect.Signature:
+    """The operator's arguments, then out and stream by keyword."""
     P = inspect.Parameter
-    tensors, optional = MATRIX_SIGNATURES[name]
-    params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in tensors]
-    params += [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in optional]
+    params = list(inspect.signature(MATRIX_ARGUMENTS[name]).parameters.values())
     params += [P("out", P.KEYWORD_ONLY, default=None), P("stream", P.KEYWORD_ONLY, default=None)]
     return inspect.Signature(params)
 
@@ -263,20 +274,18 @@ class MatrixOperator:
         self.__doc__ = matrix_docstring(instance, name, namespace)
 
     def __call__(self, *args, out=None, stream=None, **kwargs):
-        bound = self.__signature__.bind(*args, out=out, stream=stream, **kwargs).arguments
-        tensors = [bound.get(n) for n in (*MATRIX_SIGNATURES[self._name][0], "bias", "residual")
-                   if bound.get(n) is not None]
+        arguments = MATRIX_ARGUMENTS[self._name](*args, **kwargs)   # a TypeError names what is wrong
+        tensors = [t for t in arguments[:MATRIX_TENSORS[self._name]] if t is not None]
         torch = self._torch
         if torch is not None and all(isinstance(t, torch.Tensor) for t in tensors):
             if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
                 raise RuntimeError(f"{self._name} has no backward kernel or formula in this instance yet, and an "
                                    f"input requires grad: call it under torch.no_grad()")
             if out is None and stream is None and not self._launch_directly(tensors):
-                call = {k: v for k, v in bound.items() if k not in ("out", "stream")}
-                if "activation" in call:
-                    call["activation"] = call["activation"] or "none"
-                return self._torch_op(**call)
-        return getattr(self._kernels, self._name)(*args, out=out, stream=stream, **kwargs)
+                if self._name == "matmul":
+                    return self._torch_op(*arguments[:4], arguments[4] or "none")
+                return self._torch_op(*arguments)
+        return getattr(self._kernels, self._name)(*arguments, out=out, stream=stream)
 
     @property
     def chosen(self) -> dict:
