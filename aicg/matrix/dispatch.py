@@ -285,42 +285,38 @@ class MatrixKernels:
                                                 tuple(n for n in ("bias", "residual") if n in call.pointers))
         return out_obj
 
-    def _repeat(self, key: tuple, a, pointers: tuple[int, ...]):
-        """The output of a call whose signature ran before (None where none did): its kernel launched
-        on PyTorch's current stream, into a new tensor."""
+    def _repeat(self, name: str, activation, tensors: tuple, out, stream) -> tuple[tuple | None, object]:
+        """(the call's signature, None where it has none: PyTorch tensors, a new output on the current
+        stream; its output, where a call of that signature ran before: that call's kernel launched
+        on these tensors into a new one, else None)."""
+        signed = _torch_signature(tensors) if out is None and stream is None else None
+        if signed is None:
+            return None, None
+        key, pointers = (name, activation, signed[0]), signed[1]
         found = self._repeats.get(key)
         if found is None:
-            return None
-        out = a.new_empty(found.out_shape)
-        given = {"a": pointers[0], "b": pointers[1], "c": out.data_ptr()}
-        for name in found.epilogue_operands:
-            given[name] = pointers[2] if name == "bias" else pointers[3]
-        found.loaded.launch(found.problem, given, sys.modules["torch"]._C._cuda_getCurrentRawStream(a.get_device()))
-        return out
+            return key, None
+        a = tensors[0]
+        result = a.new_empty(found.out_shape)
+        given = {"a": pointers[0], "b": pointers[1], "c": result.data_ptr()}
+        for operand_name in found.epilogue_operands:
+            given[operand_name] = pointers[2] if operand_name == "bias" else pointers[3]
+        found.loaded.launch(found.problem, given, arrays.torch_current_stream(a, a.get_device()))
+        return key, result
 
     def matmul(self, a, b, bias=None, residual=None, activation=None, *, out=None, stream=None):
-        key = None
-        if out is None and stream is None:
-            signed = _torch_signature((a, b, bias, residual))
-            if signed is not None:
-                key = ("matmul", activation, signed[0])
-                found = self._repeat(key, a, signed[1])
-                if found is not None:
-                    return found
+        key, found = self._repeat("matmul", activation, (a, b, bias, residual), out, stream)
+        if found is not None:
+            return found
         ops = {"a": operand(a, "a"), "b": operand(b, "b")}
         extra = {name: operand(v, name) for name, v in (("bias", bias), ("residual", residual)) if v is not None}
         call = matmul_call(ops["a"], ops["b"], extra.get("bias"), extra.get("residual"), activation)
         return self.run(call, ops["a"], out, stream, key)
 
     def linear(self, x, weight, bias=None, *, out=None, stream=None):
-        key = None
-        if out is None and stream is None:
-            signed = _torch_signature((x, weight, bias, None))
-            if signed is not None:
-                key = ("linear", None, signed[0])
-                found = self._repeat(key, x, signed[1])
-                if found is not None:
-                    return found
+        key, found = self._repeat("linear", None, (x, weight, bias, None), out, stream)
+        if found is not None:
+            return found
         xo, wo = operand(x, "x"), operand(weight, "weight")
         call = linear_call(xo, wo, operand(bias, "bias") if bias is not None else None)
         return self.run(call, xo, out, stream, key)

@@ -99,14 +99,15 @@ def _new_cupy(like, shape):
 _ALLOCATE = {"torch": _new_torch, "cupy": _new_cupy}   # (a new array like `like`, its device address)
 
 
-def _torch_stream(like, device: int) -> int:
+def torch_current_stream(like, device: int) -> int:
+    """PyTorch's current stream on GPU `device` (`like`: a tensor there)."""
     torch = sys.modules["torch"]
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # the pointer, with no Stream object built
     return raw(device) if raw is not None else torch.cuda.current_stream(like.device).cuda_stream
 
 
 _CURRENT_STREAM = {
-    "torch": _torch_stream,
+    "torch": torch_current_stream,
     "cupy": lambda like, device: sys.modules["cupy"].cuda.get_current_stream().ptr,
 }
 
