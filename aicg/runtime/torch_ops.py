@@ -357,6 +357,8 @@ def schema(op: Operator, out: bool = False) -> str:
 
 def _row_layout(t):
     """`t` itself where the kernels take its layout (rows evenly apart, last dimension contiguous), else a copy."""
+    if t.is_contiguous():    # most calls: no strides to read in Python
+        return t
     try:
         arrays.row_stride("x", tuple(t.shape), t.stride())
         return t
