@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One call on a GPU node for the models through an instance: the two blocks through aicg.backend
+# beside eager and Inductor (tests/bench/model_bench.py, its instance built for this GPU on the
+# first run), their GPU tests, and the backward kernels against PyTorch's. Each step has a time
+# limit of its own and the call goes on after one fails.
+#   VARIANTS="eager,inductor,aicg"   (default: every one, the CUDA graph variants included)
+#   PROFILE=1                        (model_bench --profile: where each forward's time goes)
+#   MODEL_SECONDS=300  TEST_SECONDS=150  BACKWARD_SECONDS=150   (0: skip that step)
+# Results go to $OUT (or ./device-out): model.json, backward.json, gpu-tests of test_gpu_model.py,
+# and logs.tgz. Carried wheels in .whl/ are installed first.
+set -uo pipefail
+. "$(dirname "$0")/device_env.sh"
+VARIANTS=${VARIANTS:-eager,inductor,inductor-max-autotune,inductor-reduce-overhead,aicg,aicg-max-autotune,aicg-reduce-overhead}
+if [ "${MODEL_SECONDS:-300}" -gt 0 ]; then
+  timeout "${MODEL_SECONDS:-300}" python3 tests/bench/model_bench.py --json "$OUT/model.json" --variants "$VARIANTS" \
+    ${PROFILE:+--profile} 2>&1 | tee "$LOGS/model.log" | grep -v Warning | tail -16
+  keep_logs
+fi
+if [ "${TEST_SECONDS:-150}" -gt 0 ]; then
+  FILES=tests/test_gpu_model.py FILE_SECONDS="${TEST_SECONDS:-150}" TOTAL_SECONDS="${TEST_SECONDS:-150}" \
+    bash "$(dirname "$0")/device_tests.sh" > /dev/null 2>&1
+  cat "$OUT/gpu-tests.txt"
+fi
+if [ "${BACKWARD_SECONDS:-150}" -gt 0 ]; then
+  timeout "${BACKWARD_SECONDS:-150}" python3 tests/bench/backward_bench.py --json "$OUT/backward.json" 2>&1 \
+    | tee "$LOGS/backward.log" | tail -12
+fi
+keep_logs
