@@ -213,6 +213,29 @@ def test_opcheck_passes_on_the_functional_and_out_operators(instance, torch):
 
 # --- torch.compile -----------------------------------------------------------------------
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor compiles host code with g++")
+def test_inductor_compiles_instance_operators_forward_and_backward_as_eager_runs_them(instance, torch):
+    """Inductor (on the host, with the float64 stand-ins) calls each operator as a kernel of its
+    own, in an inference graph and in a training graph through the registered backward."""
+    for name in ("layernorm", "softmax"):
+        instance.ops[name] = Float64Kernels(name)
+
+    def block(x, w, b):
+        return instance.softmax(instance.layernorm(x, w, b) * 2) + 1
+
+    generator = torch.Generator().manual_seed(3)
+    x, b = (torch.randn(*shape, dtype=torch.float64, generator=generator) for shape in ((4, 16), (16,)))
+    w = torch.rand(16, dtype=torch.float64, generator=generator) + 0.5
+    with torch.no_grad():
+        assert torch.equal(torch.compile(block, fullgraph=True)(x, w, b), block(x, w, b))
+    grads = []
+    for run in (block, torch.compile(block, fullgraph=True)):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        (run(xs, ws, b) * torch.arange(16, dtype=torch.float64)).sum().backward()
+        grads.append((xs.grad, ws.grad))
+    assert torch.allclose(grads[0][0], grads[1][0]) and torch.allclose(grads[0][1], grads[1][1])
+
+
 def test_torch_compile_traces_an_out_call_as_a_functional_one(instance, torch):
     """out= is an operator that writes into its argument: AOTAutograd turns it into a functional
     call and a copy, so a compiled function may write into a buffer of its own."""
