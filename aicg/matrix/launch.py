@@ -28,8 +28,7 @@ from .space import Realisation
 from .templates import RULES
 from .templates.base import ELEMENT_BYTES, Geometry
 
-PREPARED_KEPT = 64       # launches kept prepared (problems x pointer sets x streams: a model's forward has dozens)
-OPERANDS = ("a", "b", "c", "bias", "residual")
+PREPARED_KEPT = 8        # launches kept prepared (problems x pointer sets x streams)
 
 
 def check_arguments(real: Realisation, problem: Problem, pointers: dict[str, int]) -> None:
@@ -45,7 +44,7 @@ def check_arguments(real: Realisation, problem: Problem, pointers: dict[str, int
         if not pointers.get(name):
             raise ValueError(f"{real.name}: the {name} pointer is missing or null")
     for name in pointers:
-        if name not in OPERANDS:
+        if name not in ("a", "b", "c", "bias", "residual"):
             raise ValueError(f"{real.name}: unknown operand {name!r}")
     alignment = rules.operand_alignment(real)
     for name in needed:
@@ -151,7 +150,7 @@ class MatmulKernel:
 
     def launch(self, problem: Problem, pointers: dict[str, int], stream: int = 0) -> Geometry:
         """Launch on `stream` (no synchronisation); returns the launch's geometry."""
-        key = (problem, stream, *[pointers.get(name, 0) for name in OPERANDS])
+        key = (problem, tuple(sorted(pointers.items())), stream)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare(problem, pointers, stream)
