@@ -6,7 +6,6 @@ be (`matmul_call`, `linear_call`), each argument checked with an error naming it
 from __future__ import annotations
 
 import math
-import sys
 from typing import NamedTuple
 
 from ..runtime import arrays
@@ -26,8 +25,7 @@ class Operand(NamedTuple):
 
 def operand(obj, what: str) -> Operand:
     """A CUDA array of PyTorch, CuPy or any DLPack / __cuda_array_interface__ framework."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
+    if arrays.framework(obj) == "torch":
         if not obj.is_cuda:
             raise TypeError(f"{what}: expected an array in GPU memory, got one on {obj.device}")
         return Operand(obj, obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), str(obj.dtype).rsplit(".", 1)[-1],

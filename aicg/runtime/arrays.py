@@ -66,7 +66,7 @@ def _torch_view(t, what: str) -> DeviceArray:
 
 
 def view(obj, what: str) -> DeviceArray:
-    if _framework(obj) == "torch":
+    if framework(obj) == "torch":
         return _torch_view(obj, what)
     from cuda.core.utils import StridedMemoryView
     try:
@@ -79,11 +79,13 @@ def view(obj, what: str) -> DeviceArray:
     return DeviceArray(obj, int(v.ptr), shape, _dtype_name(v, obj), v.device_id, row_stride(what, shape, v.strides))
 
 
-def _framework(obj) -> str:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):   # its subclasses too (nn.Parameter, a library's)
+def framework(obj) -> str:
+    """The package the array's type comes from ("torch", "cupy", ...); a subclass of PyTorch's tensor
+    defined elsewhere (a library's) counts as PyTorch's."""
+    name = type(obj).__module__.split(".", 1)[0]
+    if name != "torch" and isinstance(obj, getattr(sys.modules.get("torch"), "Tensor", ())):
         return "torch"
-    return type(obj).__module__.split(".", 1)[0]
+    return name
 
 
 def _new_torch(like, shape):
@@ -114,14 +116,14 @@ _CURRENT_STREAM = {
 
 def empty_like(like: DeviceArray, shape: tuple[int, ...]) -> DeviceArray:
     """A new dense array of `shape`, of the framework, dtype and device of `like`."""
-    framework = _framework(like.obj)
-    if framework not in _ALLOCATE:
+    made_by = framework(like.obj)
+    if made_by not in _ALLOCATE:
         raise TypeError(f"cannot allocate an output like a {type(like.obj).__name__}; pass out=")
-    array, ptr = _ALLOCATE[framework](like.obj, shape)
+    array, ptr = _ALLOCATE[made_by](like.obj, shape)
     return DeviceArray(array, ptr, tuple(shape), like.dtype, like.device, shape[-1] if shape else 1)
 
 
 def current_stream(like: DeviceArray) -> int:
     """The stream the array's framework is issuing work on (0, the legacy default, if unknown)."""
-    framework = _framework(like.obj)
-    return _CURRENT_STREAM[framework](like.obj, like.device) if framework in _CURRENT_STREAM else 0
+    made_by = framework(like.obj)
+    return _CURRENT_STREAM[made_by](like.obj, like.device) if made_by in _CURRENT_STREAM else 0
