@@ -321,3 +321,44 @@ def test_out_is_not_differentiable(instance, torch):
     x = torch.randn(2, 3, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"softmax\(\.\.\., out=\.\.\.\) is not differentiable"):
         instance.softmax(x, out=torch.empty(2, 3))
+
+
+def test_a_call_repeating_an_earlier_ones_signature_launches_with_its_own_arrays_and_scalars(instance, torch,
+                                                                                           monkeypatch):
+    """A second call with the shapes, strides, dtypes and GPU of the first launches the kernel
+    serving that shape with no argument worked out again, on its own pointers, scalars and a new
+    output; another signature goes the whole way. (Tensors that say they are on a GPU stand in for
+    CUDA tensors: the launch is recorded, not made.)"""
+    from aicg.runtime import arrays
+
+    class OnGpu(torch.Tensor):
+        is_cuda = property(lambda self: True)
+
+    launches, views = [], []
+    names = ("x", "w", "y", "rows", "cols", "x_stride", "eps")
+    kernels = instance.ops["rmsnorm"]
+    monkeypatch.setattr(kernels, "_launch_for", lambda dtype, device, rows, cols: (
+        lambda grid, block, values, stream, shared: launches.append(dict(zip(names, values))), names, (rows, 1, 1),
+        (128, 1, 1), 0))
+    view = arrays.view
+    monkeypatch.setattr(arrays, "view", lambda obj, what: views.append(what) or view(obj, what))
+    monkeypatch.setattr(arrays, "current_stream", lambda like: 7)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+
+    def tensor(*shape):
+        return torch.empty(*shape, dtype=torch.bfloat16).as_subclass(OnGpu)
+
+    w = tensor(64)
+    first = kernels(tensor(4, 64), w, eps=1e-5)
+    assert views == ["x", "w"] and len(launches) == 1
+    x = tensor(4, 64)
+    second = kernels(x, w, eps=1e-3)
+    assert len(views) == 2 and len(launches) == 2      # nothing read again
+    assert launches[1] == {"x": x.data_ptr(), "w": w.data_ptr(), "y": second.data_ptr(), "rows": 4, "cols": 64,
+                           "x_stride": 64, "eps": 1e-3}
+    assert second.shape == first.shape == (4, 64) and second.data_ptr() != first.data_ptr()
+    wide = tensor(4, 80)[:, :64]                          # rows 80 elements apart: worked out anew
+    kernels(wide, w)
+    assert len(views) == 4 and launches[2]["x_stride"] == 80
+    with pytest.raises(ValueError, match="w: expected shape"):
+        kernels(x, tensor(32))                            # its checks still run where the signature is new

@@ -34,7 +34,6 @@ forward repeats its calls, where the host's time per call sets the pace.
 """
 from __future__ import annotations
 
-import sys
 from typing import NamedTuple
 
 from .. import trust
@@ -130,25 +129,13 @@ class _Repeat(NamedTuple):
 
 
 def _torch_signature(tensors) -> tuple[tuple, tuple[int, ...]] | None:
-    """(what decides a call's kernel: each tensor's shape, strides, dtype and GPU, and the alignment
-    a's and b's addresses share; the addresses) of PyTorch CUDA tensors, None standing for an
-    absent one; None where any is something else."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+    """arrays.torch_signature, with the alignment a's and b's addresses share: a kernel's choice
+    depends on it."""
+    signed = arrays.torch_signature(tensors)
+    if signed is None:
         return None
-    key, pointers = [], []
-    for t in tensors:
-        if t is None:
-            key.append(None)
-            pointers.append(0)
-            continue
-        if not isinstance(t, torch.Tensor) or not t.is_cuda:
-            return None
-        pointers.append(t.data_ptr())
-        key.append((t.shape, t.stride(), t.dtype, t.get_device()))
-    low = (pointers[0] | pointers[1]) & 255
-    key.append(low & -low if low else 256)
-    return tuple(key), tuple(pointers)
+    low = (signed[1][0] | signed[1][1]) & 255
+    return (*signed[0], low & -low if low else 256), signed[1]
 
 
 class MatrixKernels:

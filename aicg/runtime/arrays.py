@@ -79,6 +79,26 @@ def view(obj, what: str) -> DeviceArray:
     return DeviceArray(obj, int(v.ptr), shape, _dtype_name(v, obj), v.device_id, row_stride(what, shape, v.strides))
 
 
+def torch_signature(tensors) -> tuple[tuple, tuple[int, ...]] | None:
+    """(each tensor's shape, strides, dtype and GPU; their addresses) where every one is a PyTorch
+    CUDA tensor or None (0 for its address), else None: the part of a call's arguments that decides
+    its kernel and launch, read in a fraction of the time the checks of a first call take."""
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    if tensor is None:
+        return None
+    key, pointers = [], []
+    for t in tensors:
+        if t is None:
+            key.append(None)
+            pointers.append(0)
+            continue
+        if not isinstance(t, tensor) or not t.is_cuda:
+            return None
+        pointers.append(t.data_ptr())
+        key.append((t.shape, t.stride(), t.dtype, t.get_device()))
+    return tuple(key), tuple(pointers)
+
+
 def framework(obj) -> str:
     """The package the array's type comes from ("torch", "cupy", ...); a subclass of PyTorch's tensor
     defined elsewhere (a library's) counts as PyTorch's."""
