@@ -5,9 +5,9 @@
 # limit of its own and the call goes on after one fails.
 #   VARIANTS="eager,inductor,aicg"   (default: every one, the CUDA graph variants included)
 #   PROFILE=1                        (model_bench --profile: where each forward's time goes)
-#   MODEL_SECONDS=300  TEST_SECONDS=150  BACKWARD_SECONDS=150   (0: skip that step)
-# Results go to $OUT (or ./device-out): model.json, backward.json, gpu-tests of test_gpu_model.py,
-# and logs.tgz. Carried wheels in .whl/ are installed first.
+#   MODEL_SECONDS=300  HOST_SECONDS=60  TEST_SECONDS=150  BACKWARD_SECONDS=150   (0: skip that step)
+# Results go to $OUT (or ./device-out): model.json, host_time.txt (tests/bench/host_time.py on the
+# blocks' instance), backward.json, gpu-tests of test_gpu_model.py, and logs.tgz. Carried wheels in .whl/ are installed first.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 VARIANTS=${VARIANTS:-eager,inductor,inductor-max-autotune,inductor-reduce-overhead,aicg,aicg-max-autotune,aicg-reduce-overhead}
@@ -15,6 +15,12 @@ if [ "${MODEL_SECONDS:-300}" -gt 0 ]; then
   timeout "${MODEL_SECONDS:-300}" python3 tests/bench/model_bench.py --json "$OUT/model.json" --variants "$VARIANTS" \
     ${PROFILE:+--profile} 2>&1 | tee "$LOGS/model.log" | grep -v Warning | tail -16
   keep_logs
+fi
+if [ "${HOST_SECONDS:-60}" -gt 0 ] && [ -f "$OUT/model.json" ]; then
+  # the host's time a call of each operator of the blocks' instance: eager, through torch.ops, PyTorch's
+  instance=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['instance'])" "$OUT/model.json")
+  timeout "${HOST_SECONDS:-60}" python3 tests/bench/host_time.py "$instance" --shape 512x4096 --dtype bfloat16 \
+    2>&1 | tee "$OUT/host_time.txt" | tail -12
 fi
 if [ "${TEST_SECONDS:-150}" -gt 0 ]; then
   FILES=tests/test_gpu_model.py FILE_SECONDS="${TEST_SECONDS:-150}" TOTAL_SECONDS="${TEST_SECONDS:-150}" \
