@@ -337,7 +337,9 @@ def profile_forward(run, x, reps: int = 5, top: int = 12) -> dict:
                          for e in host[:top]]}
 
 
-def bench_block(name: str, instance, variants, batch: int, seq: int, reps: int, profiled: bool = False) -> dict:
+def bench_block(name: str, instance, variants, batch: int, seq: int, reps: int, profiled: bool = False,
+                save=lambda result: None) -> dict:
+    """The block's figures for each variant; `save(result so far)` after each one."""
     device = torch.device("cuda")
     block, x = make_block(name, device), block_input(name, batch, seq, device)
     reference = reference_output(name, x, block)
@@ -362,6 +364,7 @@ def bench_block(name: str, instance, variants, batch: int, seq: int, reps: int, 
             entry["replaced"] = backend.counts()
             entry["reports"] = [r.as_record() for r in backend.reports]
         result["variants"][variant] = entry
+        save(result)
         print(f"{name:6s} {variant:22s} {entry['median_ms']:9.3f} ms  host {entry['host_ms']:7.3f} ms  "
               f"first call {first_call:7.1f} s  "
               f"error {entry['relative_error']:.2e}  {entry.get('replaced', '')}", flush=True)
@@ -392,9 +395,12 @@ def main() -> None:
     record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "instance": str(path),
               "instance_name": instance.manifest.get("instance"), "build_s": time.perf_counter() - started,
               "blocks": {}}
+    def save(name: str, result: dict) -> None:   # what was measured so far survives a stop
+        record["blocks"][name] = result
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
     for name in args.blocks.split(","):
-        record["blocks"][name] = bench_block(name, instance, variants, args.batch, args.seq, args.reps, args.profile)
-        args.json.write_text(json.dumps(record, indent=1) + "\n")   # what was measured so far survives a stop
+        bench_block(name, instance, variants, args.batch, args.seq, args.reps, args.profile,
+                    save=lambda result, name=name: save(name, result))
     record["total_s"] = time.perf_counter() - started
     args.json.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.json} ({record['total_s']:.0f} s)")
