@@ -125,7 +125,6 @@ class _Repeat(NamedTuple):
     loaded: object            # the MatmulKernel
     problem: Problem
     out_shape: tuple[int, ...]
-    epilogue_operands: tuple[str, ...]     # "bias", "residual": those the call has
 
 
 def _torch_signature(tensors) -> tuple[tuple, tuple[int, ...]] | None:
@@ -268,8 +267,7 @@ class MatrixKernels:
         if repeat_key is not None:
             if len(self._repeats) >= self.REPEATS_KEPT:
                 self._repeats.clear()
-            self._repeats[repeat_key] = _Repeat(loaded, problem, call.out_shape,
-                                                tuple(n for n in ("bias", "residual") if n in call.pointers))
+            self._repeats[repeat_key] = _Repeat(loaded, problem, call.out_shape)
         return out_obj
 
     def _repeat(self, name: str, activation, tensors: tuple, out, stream) -> tuple[tuple | None, object]:
@@ -286,8 +284,10 @@ class MatrixKernels:
         a = tensors[0]
         result = a.new_empty(found.out_shape)
         given = {"a": pointers[0], "b": pointers[1], "c": result.data_ptr()}
-        for operand_name in found.epilogue_operands:
-            given[operand_name] = pointers[2] if operand_name == "bias" else pointers[3]
+        if found.problem.epilogue.bias:
+            given["bias"] = pointers[2]
+        if found.problem.epilogue.residual:
+            given["residual"] = pointers[3]
         found.loaded.launch(found.problem, given, arrays.torch_current_stream(a, a.get_device()))
         return key, result
 

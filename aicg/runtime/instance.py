@@ -186,6 +186,10 @@ class OpKernels:
                                            planned.prof.timing_repetitions)
         return run
 
+    def _scalar_values(self, scalars: dict) -> dict[str, float]:
+        """Every scalar of the operator: the call's, else its default."""
+        return {name: float(scalars.get(name, default)) for name, default in self.op.scalars}
+
     def _repeat(self, x, inputs: tuple, scalars: dict):
         """(the call's signature, None where it has none: PyTorch CUDA tensors; its output, where a call
         of that signature ran before: the kernel serving that shape launched on these tensors into a
@@ -202,8 +206,7 @@ class OpKernels:
         result = x.new_empty(out_shape)
         values = {"y": result.data_ptr(), "rows": rows, "cols": cols, **strides}
         values.update(zip(("x", *self.inputs), signed[1]))
-        for name, default in self.op.scalars:
-            values[name] = float(scalars.get(name, default))
+        values.update(self._scalar_values(scalars))
         launch(grid, block, [values[n] for n in arguments], arrays.torch_current_stream(x, device), shared)
         return key, result
 
@@ -254,8 +257,7 @@ class OpKernels:
             values[name] = vv.ptr
             if name in op.matrices:
                 values[f"{name}_stride"] = vv.row_stride
-        for name, default in op.scalars:
-            values[name] = float(scalars.get(name, default))
+        values.update(self._scalar_values(scalars))
         launch(grid, block, [values[n] for n in arguments],
                arrays.current_stream(xv) if stream is None else int(stream), shared)
         if repeat_key is not None:
