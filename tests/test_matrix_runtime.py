@@ -330,3 +330,50 @@ def test_a_call_repeating_an_earlier_ones_signature_launches_its_kernel_on_its_o
         with pytest.raises(ValueError, match="a and b must be 16-byte aligned"):
             kernels.linear(shifted, w)
     assert len(choices) == 4 and len(launches) == 3
+
+
+def test_a_repeated_fused_call_launches_with_its_own_bias_and_residual(tmp_path, torch, monkeypatch):
+    """The repeat path of a matmul with + bias and + residual passes the second call's vectors, not
+    the first's; and a lookup that has met many signatures starts afresh rather than grow."""
+    class OnGpu(torch.Tensor):
+        is_cuda = property(lambda self: True)
+
+    launches = []
+
+    class Recorded:
+        def launch(self, problem, pointers, stream):
+            launches.append(pointers)
+
+    epilogue = Epilogue("gelu_tanh", bias=True, residual=True)
+    real = space.realisation("wgmma", BF16, "k", "mn", epilogue, **TRIED["wgmma"][0])
+    cid, shape = f"matmul.{real.name}", [256, 512, 128]
+    data = {"entry": "aicg_matmul", "arch": "sm_90a", "compute_capability": [9, 0], "model_inputs": MODEL_INPUTS,
+            "classes": {f"matmul.bfloat16.kmn.{epilogue.name}": {
+                "dtype": BF16, "a_major": "k", "b_major": "mn", "epilogue": epilogue.as_dict(), "shapes": [shape],
+                "rtol": 1.6e-2, "dispatch": [{"m": 256, "n": 512, "k": 128, "candidate": cid, "status": "passed"}],
+                "kernels": {cid: {"realisation": real.as_dict(), "cubin": "x", "cubin_digest": "x",
+                                  "validation": "passed", "measured_seconds": [1e-5], "predicted_seconds": [1e-5]}}}}}
+    kernels = dispatch.MatrixKernels(tmp_path, data, allow_unvalidated=False)
+    monkeypatch.setattr(kernels, "_kernel", lambda cls, kernel, device: Recorded())
+    monkeypatch.setattr(dispatch.driver, "probe_device", lambda ordinal=0: type("Info", (), {
+        "compute_capability": (9, 0), "name": "stand-in"})())
+    monkeypatch.setattr(dispatch.arrays, "current_stream", lambda like: 7)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+
+    def tensor(*shape):
+        return torch.empty(*shape, dtype=torch.bfloat16).as_subclass(OnGpu)
+
+    a, b = tensor(256, 128), tensor(128, 512)
+    outs = [kernels.matmul(a, b, bias, residual, "gelu_tanh") for bias, residual in
+            ((tensor(512), tensor(256, 512)), (tensor(512), tensor(256, 512)))]
+    first, second = launches
+    assert second["bias"] != first["bias"] and second["residual"] != first["residual"]
+    assert second["c"] == outs[1].data_ptr() and second["a"] == a.data_ptr() and second["b"] == b.data_ptr()
+    assert len(kernels._repeats) == 1
+    kernels._repeats.kept = 1
+    wider = tensor(128, 1024)[:, :512]        # another row stride: another signature
+    kernels.matmul(a, wider, tensor(512), tensor(256, 512), "gelu_tanh")
+    assert len(launches) == 3 and launches[2]["b"] == wider.data_ptr()
+    assert len(kernels._repeats) == 1          # full at one: started afresh, holding the newest
+    kernels.matmul(a, b, tensor(512), tensor(256, 512), "gelu_tanh")
+    assert len(launches) == 4 and len(kernels._repeats) == 1

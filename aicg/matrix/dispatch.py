@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 from .. import trust
 from ..runtime import arrays, driver
+from ..runtime.memo import Memo
 from . import accuracy, estimate
 from .jit import Kernel, MatrixJit
 from .calls import Call, Operand, dense_strides, linear_call, matmul_call, operand
@@ -49,8 +50,6 @@ from .templates import RULES
 class ClassKernels:
     """One class of the manifest: its dispatch table and its usable kernels."""
 
-    RANKINGS_KEPT = 4096     # shapes whose ranking is remembered (a serving loop meets a few hundred)
-
     def __init__(self, name: str, entry: dict, usable: dict[str, dict], model_inputs: dict):
         self.name, self.entry, self.usable, self.model_inputs = name, entry, usable, model_inputs
         self.key = (entry["dtype"], entry["a_major"], entry["b_major"], Epilogue(**entry["epilogue"]))
@@ -59,7 +58,7 @@ class ClassKernels:
                       if d["candidate"] in usable}
         self.kernels = {c: Kernel(c, Realisation.from_dict(k["realisation"])) for c, k in usable.items()}
         self.known = {c: estimate.known_seconds(k, entry["shapes"]) for c, k in usable.items()}
-        self._rankings: dict[tuple[int, int, int], list[str]] = {}
+        self._rankings: dict[tuple[int, int, int], list[str]] = Memo()
 
     def is_workload(self, problem: Problem) -> bool:
         return (problem.m, problem.n, problem.k) in self.exact
@@ -68,8 +67,6 @@ class ClassKernels:
         """The usable kernels, estimated fastest at `problem` first (ties by name)."""
         key = (problem.m, problem.n, problem.k)
         if key not in self._rankings:
-            if len(self._rankings) >= self.RANKINGS_KEPT:
-                self._rankings.clear()
             self._rankings[key] = sorted(self.usable, key=lambda c: (estimate.seconds_at(
                 self.kernels[c].realisation, problem, self.known[c], self.model_inputs), c))
         return self._rankings[key]
@@ -140,8 +137,6 @@ def _torch_signature(tensors) -> tuple[tuple, tuple[int, ...]] | None:
 class MatrixKernels:
     """The matrix section of an instance's manifest, as callable kernels."""
 
-    REPEATS_KEPT = 4096      # call signatures remembered
-
     def __init__(self, path, section: dict, allow_unvalidated: bool, error=RuntimeError, jit: MatrixJit | None = None):
         self.path, self.section, self.error, self.jit = path, section, error, jit
         lacking = [key for key in ("model_inputs",) if key not in section] + [
@@ -164,7 +159,7 @@ class MatrixKernels:
         self.tuned: dict[tuple, Kernel | None] = {}      # (class name, m, n, k) -> inst.tune()'s choice there
         self.untuned: dict[tuple, tuple[ClassKernels, Kernel]] = {}   # shapes outside the workload run untimed
         self._tune_tried: set[tuple] = set()     # shapes tune() worked on in this process, chosen or not
-        self._repeats: dict[tuple, _Repeat] = {}  # (operator, activation, signature) -> what that call worked out
+        self._repeats: dict[tuple, _Repeat] = Memo()  # (operator, activation, signature) -> what that call worked out
 
     def has(self) -> bool:
         return bool(self.classes)
@@ -265,8 +260,6 @@ class MatrixKernels:
         loaded.launch(problem, pointers, int(stream))
         self.chosen[(cls.name, problem.m, problem.n, problem.k)] = chosen.candidate
         if repeat_key is not None:
-            if len(self._repeats) >= self.REPEATS_KEPT:
-                self._repeats.clear()
             self._repeats[repeat_key] = _Repeat(loaded, problem, call.out_shape)
         return out_obj
 

@@ -51,7 +51,8 @@ from ..ops import OPERATORS
 from ..matrix.dispatch import MatrixKernels
 from ..matrix.jit import MatrixJit
 from ..semantics import accuracy
-from . import arrays, driver, torch_ops
+from . import arrays, driver, memo, torch_ops
+from .memo import Memo
 from .jit import Jit, JitError
 
 
@@ -93,7 +94,7 @@ class OpKernels:
         self._provisional: dict[tuple, object] = {}
         # PyTorch call signature -> what its first call worked out: (dtype, device, rows, cols, the
         # output's shape, the row strides); the kernel is looked up again on each call (_launch_for)
-        self._repeats: dict[tuple, tuple] = {}
+        self._repeats: dict[tuple, tuple] = Memo()
 
     def _launch_for(self, dtype: str, device: int, rows: int, cols: int, tune: bool = False) -> tuple:
         """(launcher, argument names in order, grid, block, dynamic shared bytes) of the kernel that
@@ -105,7 +106,7 @@ class OpKernels:
                 del self._provisional[key]
                 self._by_shape.pop(key, None)
         if key not in self._by_shape or (tune and key in self.untimed):
-            if len(self._by_shape) > 4096:    # many distinct shapes: keep the lookup bounded
+            if len(self._by_shape) >= memo.KEPT:    # many distinct shapes: keep the lookups bounded
                 self._by_shape.clear()
                 self.chosen.clear()
                 self.untimed.clear()
@@ -261,8 +262,6 @@ class OpKernels:
         launch(grid, block, [values[n] for n in arguments],
                arrays.current_stream(xv) if stream is None else int(stream), shared)
         if repeat_key is not None:
-            if len(self._repeats) >= 4096:    # many distinct signatures: keep the lookup bounded
-                self._repeats.clear()
             strides = {n: v for n, v in values.items() if n.endswith("_stride")}
             self._repeats[repeat_key] = (xv.dtype, xv.device, rows, cols, out_shape, strides)
         return ov.obj
