@@ -118,34 +118,46 @@ class FakeDriver:
                 centred = x - mu[:, None] if mu is not None else x
                 r = 1 / np.sqrt((centred * centred).mean(axis=1) + op.scalars[0][1])
                 stats = np.stack([mu, r], axis=1) if mu is not None else r[:, None]
-                self.memory.at(a["stats"], stats.size * 4)[:] = stats.astype(np.float32).view(np.uint8).ravel()
+                if candidate.partials_in_rows:
+                    if a["partials"]:
+                        self.write_partials(op, inputs["g"], x, stats, a)
+                else:
+                    self.memory.at(a["stats"], stats.size * 4)[:] = stats.astype(np.float32).view(np.uint8).ravel()
         elif entry == codegen.PARTIALS_ENTRY:
             kind = len(op.column_outputs)
             g, x = matrix("g", a["g_stride"]), matrix("x", a["x_stride"])
             stats = self.memory.at(a["stats"], rows * kind * 4).view(np.float32).reshape(rows, kind).astype(np.float64)
-            contributions = ([g * x * stats[:, :1]] if kind == 1 else
-                             [g * (x - stats[:, :1]) * stats[:, 1:], g])
-            chunk = a["chunk_rows"]
-            chunks = -(-rows // chunk)
-            partials = np.stack([np.stack([c[i * chunk:(i + 1) * chunk].sum(axis=0) for i in range(chunks)])
-                                 for c in contributions]).astype(np.float32)
-            self.memory.at(a["partials"], partials.nbytes)[:] = partials.view(np.uint8).ravel()
+            self.write_partials(op, g, x, stats, a)
         else:
             kind = len(op.column_outputs)
             partials = self.memory.at(a["partials"], kind * a["chunks"] * cols * 4).view(np.float32)
-            totals = partials.reshape(kind, a["chunks"], cols).astype(np.float64).sum(axis=1)
+            totals = partials.reshape(a["chunks"], kind, cols).astype(np.float64).sum(axis=0)
             for name, total in zip(op.column_outputs, totals):
                 self.memory.at(a[name], cols * size)[:] = dtype.encode(total.astype(np.float32)).view(np.uint8)
 
 
-def _validate(monkeypatch, name: str, dtype: str, faults=(), deterministic=False, shapes=SHAPES) -> dict:
+    def write_partials(self, op, g, x, stats, a) -> None:
+        """Each chunk's column sums, chunk by chunk: partials[chunk][output][column]."""
+        kind, rows = len(op.column_outputs), g.shape[0]
+        contributions = ([g * x * stats[:, :1]] if kind == 1 else [g * (x - stats[:, :1]) * stats[:, 1:], g])
+        chunk = a["chunk_rows"]
+        partials = np.stack([np.stack([c[i * chunk:(i + 1) * chunk].sum(axis=0) for c in contributions])
+                             for i in range(-(-rows // chunk))]).astype(np.float32)
+        if "a chunk unwritten" in self.faults:
+            partials = partials[:-1]
+        self.memory.at(a["partials"], partials.nbytes)[:] = partials.view(np.uint8).ravel()
+
+
+def _validate(monkeypatch, name: str, dtype: str, faults=(), deterministic=False, shapes=SHAPES,
+              rows_with_columns=False) -> dict:
     fake = FakeDriver(faults)
     monkeypatch.setattr(check, "driver", fake)
-    family = SPACE.families[f"{name}_rows"]
-    columns = SPACE.families["column_sum_two_pass"]
+    family = SPACE.families[f"{name}_rows" + ("_with_columns" if rows_with_columns else "")]
+    columns = SPACE.families[family.columns or "column_sum_two_pass"]
     has_columns = bool(BACKWARD_OPS[name].column_outputs)
-    candidate = Candidate(name, dtype, family.name, dict(family.ladder[2].params),
-                          columns.name if has_columns else None, dict(columns.ladder[2].params) if has_columns else None)
+    candidate = Candidate(name, dtype, family.name, dict(family.ladder[min(2, len(family.ladder) - 1)].params),
+                          columns.name if has_columns else None, dict(columns.ladder[-1].params) if has_columns else None,
+                          rows_with_columns)
 
     class Device:
         name = "a host standing in"
@@ -189,3 +201,24 @@ def test_the_checked_shapes_are_the_awkward_ones_and_the_callers_cut_to_the_long
     assert (256, longest) in shapes and max(s[1] for s in shapes) == longest
     assert (9, longest, longest + 3) in shapes            # a strided shape keeps its padding
     assert (3, 1) in shapes and (37, 1000, 1024) in shapes
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_backward", "layernorm_backward"])
+def test_column_sums_written_by_the_rows_part_are_checked_in_two_launches_at_a_chunk_edge(monkeypatch, name):
+    """A candidate whose rows part writes the column sums' partials: its split run cuts the rows at
+    a chunk's edge with the partials advanced to that chunk (else the second launch would write over
+    the first's chunks and leave its own last ones poisoned); a chunk left unwritten fails."""
+    shapes = [(300, 40), (9, 40, 44)]        # 300 rows: five chunks of 64, cut after the second
+    report = _validate(monkeypatch, name, "float32", deterministic=True, shapes=shapes, rows_with_columns=True)
+    assert report["status"] == "passed", check.why_failed(report)
+    report = _validate(monkeypatch, name, "float32", ("a chunk unwritten",), True, shapes, rows_with_columns=True)
+    assert report["status"] == "failed" and "dw: 40 outputs unwritten" in check.why_failed(report)
+
+
+def test_a_candidate_summing_columns_in_its_rows_is_checked_only_on_rows_it_holds_whole():
+    family = SPACE.families["rmsnorm_backward_rows_with_columns"]
+    candidate = Candidate("rmsnorm_backward", "bfloat16", family.name, dict(family.ladder[0].params),
+                          "column_sum_from_rows", dict(SPACE.families["column_sum_from_rows"].ladder[0].params), True)
+    shapes = check.check_shapes(SPACE, candidate, 1.6e-2, 1e-6, (256, 4096))
+    assert max(s[1] for s in shapes) == 4096 == space.held_cols(candidate.rows, "bfloat16")
+    assert (9, 4096) in shapes and (9, 4096, 4099) in shapes and (256, 4096) in shapes

@@ -19,13 +19,14 @@ ROW_FAMILIES = [name for name, f in SPACE.families.items() if f.part == "rows"]
 
 def _candidates(family_name: str, turn: int) -> list[Candidate]:
     family = SPACE.families[family_name]
-    columns = SPACE.families["column_sum_two_pass"]
+    columns = SPACE.families[family.columns or "column_sum_two_pass"]
     has_columns = "columns" in SPACE.parts[family.op]
     found = []
     for i, rung in enumerate(family.ladder):
         column_rung = columns.ladder[i % len(columns.ladder)]
         found.append(Candidate(family.op, DTYPES[(i + turn) % len(DTYPES)], family_name, dict(rung.params),
-                               columns.name if has_columns else None, dict(column_rung.params) if has_columns else None))
+                               columns.name if has_columns else None, dict(column_rung.params) if has_columns else None,
+                               family.columns is not None))
     return found
 
 
@@ -45,11 +46,12 @@ def _parameters(source: str, entry: str) -> list[str]:
 
 @pytest.mark.parametrize("family", ROW_FAMILIES)
 def test_each_entry_declares_the_arguments_its_launches_pass(family):
-    candidate = _candidates(family, 0)[3]
+    candidate = _candidates(family, 0)[-1]
     source = codegen.source(SPACE, candidate)
     for entry, names in codegen.arguments(candidate).items():
         assert _parameters(source, entry) == list(names), entry
-    launches = [codegen.rows_launch(candidate, 1000, 4096), *codegen.column_launches(SPACE, candidate, 1000, 4096)]
+    launches = [codegen.rows_launch(SPACE, candidate, 1000, 4096),
+                *codegen.column_launches(SPACE, candidate, 1000, 4096)]
     assert [launch.entry for launch in launches] == list(codegen.entries(candidate))
     assert all(launch.arguments == codegen.arguments(candidate)[launch.entry] for launch in launches)
 

@@ -33,9 +33,11 @@ def test_every_backward_operator_is_stated_with_its_parts(shipped_space):
     assert set(shipped_space.parts) == set(OPS)
     for op, parts in shipped_space.parts.items():
         assert parts == (("rows", "columns") if BACKWARD_OPS[op].column_outputs else ("rows",))
-        assert [f.name for f in shipped_space.families_of(op)] == [f"{op}_rows"]
+        with_columns = [f"{op}_rows_with_columns"] if BACKWARD_OPS[op].column_outputs else []
+        assert [f.name for f in shipped_space.families_of(op)] == [*with_columns, f"{op}_rows"]
     columns = shipped_space.families_of(space.COLUMN_OP)
-    assert [f.totals for f in columns] == ["aicg::column_totals"]
+    assert [f.totals for f in columns] == ["aicg::column_totals"] * 2
+    assert [f.name for f in columns if f.partials_from_rows] == ["column_sum_from_rows"]
     for family in shipped_space.families.values():
         assert family.ladder[-1].cols is None          # the last entry serves every longer row
         limits = [r.cols for r in family.ladder if r.cols is not None]
@@ -96,7 +98,7 @@ def test_candidates_follow_the_ladder_and_the_bound(repo, shipped_ruleset, shipp
     # float32 rows of 65536: the ladder's block keeps rtol 1e-5 on rmsnorm's gradient only to 47104
     rms = _decide(shipped_space, shipped_ruleset, prof, "rmsnorm_backward")
     found, passed_over = space.candidates(shipped_space, rms, 1e-5, 1e-6, 64, 65536)
-    assert found == [] and "rows of at most" in passed_over[0]
+    assert found == [] and any("rows of at most" in why for why in passed_over)
     found, _ = space.candidates(shipped_space, _decide(shipped_space, shipped_ruleset, prof, "rmsnorm_backward",
                                                        "bfloat16"), 1.6e-2, 1e-6, 64, 65536)
     assert found
@@ -118,10 +120,18 @@ def test_chunking_keeps_at_most_max_chunks(shipped_space):
     ('{ threads = 512, topology = "block", vec_bytes = 16, cache_packs = 0 }',
      '{ cols = 9999, threads = 512, topology = "block", vec_bytes = 16, cache_packs = 0 }',
      "ladders.rows.entries[6].cols", "no key in the last entry"),
-    ('rules = ["split_reduction"]', 'rules = ["split_reductions"]', "families.column_sum_two_pass.rules", "one of"),
+    ('rules = ["split_reduction"]\nsweeps = 1\nladder = "columns"\n',
+     'rules = ["split_reductions"]\nsweeps = 1\nladder = "columns"\n', "families.column_sum_two_pass.rules", "one of"),
     ('reductions = ["sum"]\nfunctions = ["exp"]', 'reductions = ["sums"]\nfunctions = ["exp"]',
      "ops.log_softmax_backward.reductions", "one of"),
-    ("max_chunks = 1024", "max_chunks = 70000", "families.column_sum_two_pass.max_chunks", "an integer from 1 to 65535"),
+    ('max_chunks = 1024\n\n[families.column_sum_from_rows]', 'max_chunks = 70000\n\n[families.column_sum_from_rows]',
+     "families.column_sum_two_pass.max_chunks", "an integer from 1 to 65535"),
+    ('function = "aicg::rmsnorm_backward_columns"\ncolumns = "column_sum_from_rows"',
+     'function = "aicg::rmsnorm_backward_columns"\ncolumns = "column_sum_two_pass"',
+     "families.rmsnorm_backward_rows_with_columns.columns",
+     "a column family without `function`"),
+    ('{ min_cols = 2048, cols = 4096, threads = 512', '{ min_cols = 8192, cols = 4096, threads = 512',
+     "ladders.rows_with_columns.entries[0].min_cols", "a row length from 1 to 4096"),
     ('col_lanes = 8, vec_bytes = 16', 'col_lanes = 12, vec_bytes = 16', "ladders.columns.entries[0].col_lanes",
      "one of 8, 16, 32"),
     ('parts = ["rows", "columns"]\n\n[ops.layernorm_backward]', 'parts = ["rows"]\n\n[ops.layernorm_backward]',
@@ -132,3 +142,35 @@ def test_a_wrong_space_file_names_its_key(tmp_path, shipped_ruleset, edit, raise
     edit(path, old, new)
     with raises_input_error(path, key, expected):
         space.load(path, shipped_ruleset)
+
+
+def test_rows_held_whole_take_their_column_sums_in_the_same_pass_first(repo, shipped_ruleset, shipped_space):
+    """From 2048 columns, where a block holds the rows whole in its dtype's packs, the norms' first
+    candidates sum the weight's gradient in the rows' own pass (one read of g and x), with the
+    two-pass candidates after them; the two kinds of column family never mix."""
+    prof = _profile(repo, shipped_ruleset, "default")
+    for dtype, first in (("bfloat16", (512, 1)), ("float32", (512, 2))):
+        decision = _decide(shipped_space, shipped_ruleset, prof, "layernorm_backward", dtype)
+        found, passed_over = space.candidates(shipped_space, decision, 1.6e-2, 1e-6, 32768, 4096)
+        fused = [c for c in found if c.partials_in_rows]
+        assert found[:len(fused)] == fused and len(fused) < len(found)
+        assert (fused[0].rows["threads"], fused[0].rows["cache_packs"]) == first
+        assert all(c.columns_family == "column_sum_from_rows" for c in fused)
+        assert all(c.columns_family == "column_sum_two_pass" for c in found[len(fused):])
+        if dtype == "float32":   # a 512-thread block of 4-float packs, one a lane, holds 2048
+            assert any("does not hold rows of 4096 elements whole" in why for why in passed_over)
+    narrow, _ = space.candidates(shipped_space, _decide(shipped_space, shipped_ruleset, prof, "rmsnorm_backward",
+                                                        "bfloat16"), 1.6e-2, 1e-6, 32768, 1024)
+    assert narrow and not any(c.partials_in_rows for c in narrow)     # below min_cols: the two passes
+
+
+def test_a_chunk_summed_row_by_row_counts_its_rows_in_the_bound(shipped_space):
+    from aicg.backward.ops import BACKWARD_OPS
+    op = BACKWARD_OPS["rmsnorm_backward"]
+    rows_params = {"threads": 512, "topology": "block", "vec_bytes": 16, "cache_packs": 1}
+    columns = {"threads": 256, "col_lanes": 32, "vec_bytes": 16, "chunk_rows": 64}
+    from_rows = space.column_error(op, shipped_space.families["column_sum_from_rows"], "bfloat16", rows_params,
+                                   columns, 65536, 4096, 1e-6)
+    two_pass = space.column_error(op, shipped_space.families["column_sum_two_pass"], "bfloat16", rows_params,
+                                  columns, 65536, 4096, 1e-6)
+    assert from_rows > two_pass     # 64 rows in one chain, against 8 a row lane

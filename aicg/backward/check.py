@@ -99,7 +99,10 @@ class Buffers:
         values.update({name: self.outputs[name].ptr for name in op.column_outputs})
         if "stats" in self.workspace:
             values["stats"] = self.workspace["stats"].ptr + first_row * op.stats_per_row * WORKSPACE_BYTES
-            values["partials"] = self.workspace["partials"].ptr
+        if "partials" in self.workspace:
+            first_chunk = first_row // values_of_chunks(self)[0] if self.candidate.partials_in_rows else 0
+            values["partials"] = (self.workspace["partials"].ptr
+                                  + first_chunk * len(op.column_outputs) * self.cols * WORKSPACE_BYTES)
         values.update({"cols": self.cols, "g_stride": self.stride, f"{op.saved}_stride": self.stride,
                        **dict(op.scalars)})
         values.update(codegen.column_values(self.space, self.candidate, self.rows))
@@ -114,7 +117,7 @@ class Buffers:
         parts = [(0, self.rows)] if split is None else [(0, split), (split, self.rows - split)]
         for first, count in parts:
             if count > 0:    # a grid of no blocks is an error
-                _launch(kernels, codegen.rows_launch(self.candidate, count, self.cols),
+                _launch(kernels, codegen.rows_launch(self.space, self.candidate, count, self.cols),
                         {**self._values(first), "rows": count})
         values = {**self._values(), "rows": self.rows}
         for launch in codegen.column_launches(self.space, self.candidate, self.rows, self.cols):
@@ -124,6 +127,14 @@ class Buffers:
             b.read(np.uint8)      # only for its guards
         return {name: b.read(self.dtype.storage) for name, b in self.outputs.items()}
 
+    def split_row(self) -> int | None:
+        """Where the rows part may be cut into two launches with the same bits: anywhere for row sums
+        alone, at a chunk's edge where the rows part also sums the columns (None: one chunk)."""
+        if not self.candidate.partials_in_rows:
+            return (self.rows + 1) // 2
+        chunk, chunks = values_of_chunks(self)
+        return chunk * (chunks // 2) if chunks > 1 else None
+
     @property
     def wrote_outside(self) -> bool:
         return any(b.wrote_outside for b in (*self.outputs.values(), *self.workspace.values()))
@@ -131,6 +142,12 @@ class Buffers:
     def free(self) -> None:
         for b in (*self.inputs.values(), *self.outputs.values(), *self.workspace.values()):
             b.free()
+
+
+def values_of_chunks(buffers: Buffers) -> tuple[int, int]:
+    """(rows a chunk, chunks) of the column sums at the buffers' shape."""
+    found = codegen.column_values(buffers.space, buffers.candidate, buffers.rows)
+    return found["chunk_rows"], found["chunks"]
 
 
 def _launch(kernels: dict, launch: codegen.Launch, values: dict) -> None:
@@ -177,7 +194,7 @@ def check_shape(space: Space, candidate: Candidate, kernels: dict, shape, trials
             buffers.upload(inputs)
             first = buffers.run(kernels)
             again = buffers.run(kernels)
-            split = buffers.run(kernels, split=(rows + 1) // 2)   # another launch configuration
+            split = buffers.run(kernels, split=buffers.split_row())   # another launch configuration
             intact = buffers.inputs_equal(inputs)
             outputs = _compare_all(op, dtype, inputs, first, tolerance)
             fresh = draw(op, dtype, rows, cols, trial + 1, rng)
@@ -278,7 +295,11 @@ def check_here(cubin: bytes, candidate: dict, tolerance, deterministic: bool, ch
 
 def check_shapes(space: Space, candidate: Candidate, rtol: float, failure_probability: float, shape) -> tuple:
     """The build's awkward shapes and `shape`, their rows cut to the longest the candidate's order
-    keeps `rtol` on (it is never run on longer ones)."""
-    from .space import longest_row
+    keeps `rtol` on, and to the longest it holds whole where it sums the columns in the rows' pass
+    (it is never run on longer ones)."""
+    from .space import held_cols, longest_row
     longest = longest_row(candidate.op, candidate.dtype, candidate.rows, rtol, failure_probability)
+    if candidate.partials_in_rows:
+        held = held_cols(candidate.rows, candidate.dtype)
+        longest = held if longest is None else min(longest, held)
     return accuracy.clip_shapes(validate.AWKWARD_SHAPES + (tuple(shape),), longest)

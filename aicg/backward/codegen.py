@@ -3,7 +3,8 @@
 A candidate becomes one CUDA source with up to three extern "C" entries, compiled into one cubin
 and validated as a whole: the rows part (`aicg_backward_rows`: the input's gradient, and a norm's
 row statistics) and, for a norm, the two passes of its column sums (`aicg_backward_column_partials`,
-`aicg_backward_column_totals`). Each entry instantiates its family's template in kernels/backward/
+`aicg_backward_column_totals`), or only the second where the rows part writes the partial sums
+itself (a candidate's `partials_in_rows`: its rows are summed by chunks of rows, one a row group). Each entry instantiates its family's template in kernels/backward/
 with the candidate's parameters; nothing else is pasted, so a compiler error points at the
 template's own file and line.
 """
@@ -32,11 +33,17 @@ def arguments(candidate: Candidate) -> dict[str, tuple[str, ...]]:
     """Each entry's parameter names, in order."""
     op = BACKWARD_OPS[candidate.op]
     saved = op.saved
-    rows = ("g", saved, *op.vectors, "dx", *(("stats",) if op.column_outputs else ()), "rows", "cols", "g_stride",
-            f"{saved}_stride", *(name for name, _ in op.scalars))
+    if candidate.partials_in_rows:
+        rows = ("g", saved, *op.vectors, "dx", "partials", "rows", "cols", "g_stride", f"{saved}_stride",
+                *(name for name, _ in op.scalars), "chunk_rows")
+    else:
+        rows = ("g", saved, *op.vectors, "dx", *(("stats",) if op.column_outputs else ()), "rows", "cols", "g_stride",
+                f"{saved}_stride", *(name for name, _ in op.scalars))
     entries = {ROWS_ENTRY: rows}
     if op.column_outputs:
-        entries[PARTIALS_ENTRY] = ("g", "x", "stats", "partials", "rows", "cols", "g_stride", "x_stride", "chunk_rows")
+        if not candidate.partials_in_rows:
+            entries[PARTIALS_ENTRY] = ("g", "x", "stats", "partials", "rows", "cols", "g_stride", "x_stride",
+                                       "chunk_rows")
         entries[TOTALS_ENTRY] = ("partials", *op.column_outputs, "chunks", "cols")
     return entries
 
@@ -54,7 +61,7 @@ def _declaration(name: str, entry: str, ctype: str) -> str:
     if name == "stats":
         return f"{'float' if entry == ROWS_ENTRY else 'const float'}* __restrict__ stats"
     if name == "partials":
-        return f"{'float' if entry == PARTIALS_ENTRY else 'const float'}* __restrict__ partials"
+        return f"{'const float' if entry == TOTALS_ENTRY else 'float'}* __restrict__ partials"
     written = name in ("dx", "dw", "db")
     return f"{'' if written else 'const '}{ctype}* __restrict__ {name}"
 
@@ -84,9 +91,11 @@ def source(space: Space, candidate: Candidate) -> str:
         family, c = space.families[candidate.columns_family], candidate.columns
         headers.append(family.header)
         outputs = len(op.column_outputs)
-        entries.append(_entry(PARTIALS_ENTRY, c["threads"], family.function,
-                              [COLUMN_KINDS[outputs], dtype.ctype, str(c["threads"]), str(c["vec_bytes"] // dtype.size),
-                               str(c["col_lanes"])], names[PARTIALS_ENTRY], dtype.ctype))
+        if not candidate.partials_in_rows:
+            entries.append(_entry(PARTIALS_ENTRY, c["threads"], family.function,
+                                  [COLUMN_KINDS[outputs], dtype.ctype, str(c["threads"]),
+                                   str(c["vec_bytes"] // dtype.size), str(c["col_lanes"])], names[PARTIALS_ENTRY],
+                                  dtype.ctype))
         entries.append(_entry(TOTALS_ENTRY, c["threads"], family.totals,
                               [str(outputs), dtype.ctype, str(c["threads"]), str(TOTALS_PACK_BYTES // 4),
                                str(c["col_lanes"])], ("partials", "dw", "db", "chunks", "cols"), dtype.ctype,
@@ -131,9 +140,16 @@ class Launch:
         return tuple(kind(name) for name in self.arguments)
 
 
-def rows_launch(candidate: Candidate, rows: int, cols: int) -> Launch:
-    """The rows part over `rows` rows (as aicg/codegen.py lays rows over blocks)."""
-    blocks, threads = row_codegen.launch_geometry(candidate.rows, rows, cols, DTYPES[candidate.dtype].size)
+def rows_launch(space: Space, candidate: Candidate, rows: int, cols: int) -> Launch:
+    """The rows part over `rows` rows (as aicg/codegen.py lays rows over blocks; a row group a
+    chunk of them where the rows part writes the column sums' partials)."""
+    p = candidate.rows
+    if candidate.partials_in_rows:
+        _, chunks = chunking(space.families[candidate.columns_family], candidate.columns, rows)
+        groups = p["threads"] // row_codegen.lanes_per_row(p["topology"], p["threads"])
+        blocks, threads = -(-chunks // groups), p["threads"]
+    else:
+        blocks, threads = row_codegen.launch_geometry(p, rows, cols, DTYPES[candidate.dtype].size)
     return Launch(ROWS_ENTRY, (blocks, 1, 1), threads, arguments(candidate)[ROWS_ENTRY])
 
 
@@ -145,8 +161,10 @@ def column_launches(space: Space, candidate: Candidate, rows: int, cols: int) ->
     _, chunks = chunking(space.families[candidate.columns_family], c, rows)
     width = c["col_lanes"] * (c["vec_bytes"] // DTYPES[candidate.dtype].size)
     totals_width = c["col_lanes"] * (TOTALS_PACK_BYTES // 4)
-    return [Launch(PARTIALS_ENTRY, (-(-cols // width), chunks, 1), c["threads"], names[PARTIALS_ENTRY]),
-            Launch(TOTALS_ENTRY, (-(-cols // totals_width), 1, 1), c["threads"], names[TOTALS_ENTRY])]
+    totals = Launch(TOTALS_ENTRY, (-(-cols // totals_width), 1, 1), c["threads"], names[TOTALS_ENTRY])
+    if candidate.partials_in_rows:
+        return [totals]
+    return [Launch(PARTIALS_ENTRY, (-(-cols // width), chunks, 1), c["threads"], names[PARTIALS_ENTRY]), totals]
 
 
 def column_values(space: Space, candidate: Candidate, rows: int) -> dict[str, int]:
@@ -164,4 +182,6 @@ def workspace_floats(space: Space, candidate: Candidate, rows: int, cols: int) -
         return {}
     _, chunks = chunking(space.families[candidate.columns_family], candidate.columns, rows)
     outputs = len(op.column_outputs)
+    if candidate.partials_in_rows:     # the row statistics stay in the rows part's registers
+        return {"partials": outputs * chunks * cols}
     return {"stats": rows * op.stats_per_row, "partials": outputs * chunks * cols}

@@ -157,16 +157,18 @@ def launch(space, candidate, kernels: dict, g, saved, w=None, *, eps: float | No
         values["w"] = w.data_ptr()
     values.update({name: float(eps if eps is not None else default) for name, default in op.scalars})
     outputs: dict = {}
-    launches = [codegen.rows_launch(candidate, rows, cols)]
+    launches = [codegen.rows_launch(space, candidate, rows, cols)]
     if op.column_outputs:
         floats = codegen.workspace_floats(space, candidate, rows, cols)
-        stats = saved.new_empty(floats["stats"], dtype=torch.float32)
-        values["stats"] = stats.data_ptr()
+        if "stats" in floats:
+            stats = saved.new_empty(floats["stats"], dtype=torch.float32)
+            values["stats"] = stats.data_ptr()
+        # a rows part that writes the partial sums skips them at a null pointer
+        values.update({"partials": 0, **codegen.column_values(space, candidate, rows)})
         if weight_grads:
             partials = saved.new_empty(floats["partials"], dtype=torch.float32)
             outputs = {name: saved.new_empty(cols) for name in op.column_outputs}
-            values.update({"partials": partials.data_ptr(), **{n: t.data_ptr() for n, t in outputs.items()},
-                           **codegen.column_values(space, candidate, rows)})
+            values.update({"partials": partials.data_ptr(), **{n: t.data_ptr() for n, t in outputs.items()}})
             launches += codegen.column_launches(space, candidate, rows, cols)
     stream = arrays.current_stream(sv)
     for each in launches:

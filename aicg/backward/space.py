@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import tomlfile
+from ..codegen import lanes_per_row
 from ..dtypes import DTYPES
 from ..semantics import accuracy, legality
 from ..semantics.ruleset import Family, OpSemantics, ParamRule, RuleSet
@@ -41,12 +42,13 @@ COLUMN_KEYS = {"threads": int, "col_lanes": int, "vec_bytes": int, "chunk_rows":
 
 @dataclass(frozen=True)
 class Rung:
-    """One ladder entry: parameters, and the longest rows it serves (None: any)."""
+    """One ladder entry: parameters, and the longest rows it serves (None: any) and the shortest."""
     params: dict
     cols: int | None
+    min_cols: int = 1
 
     def serves(self, cols: int) -> bool:
-        return self.cols is None or cols <= self.cols
+        return (self.cols is None or cols <= self.cols) and cols >= self.min_cols
 
 
 @dataclass(frozen=True)
@@ -56,19 +58,24 @@ class BackwardFamily:
     part: str               # "rows" or "columns"
     summary: str
     header: str             # under kernels/
-    function: str
+    function: str | None    # None: a column family whose partial sums a rows family writes
     totals: str | None      # a column family's second pass
     rules: tuple[str, ...]
     sweeps: int
     ladder: tuple[Rung, ...]
     max_chunks: int | None  # a column family's most chunks of rows
+    columns: str | None = None   # a rows family that writes this column family's partial sums itself
+
+    @property
+    def partials_from_rows(self) -> bool:
+        return self.part == "columns" and self.function is None
 
     def engine_family(self) -> Family:
         """The family as the legality engine reads one."""
         keys = ROW_KEYS if self.part == "rows" else COLUMN_KEYS
         params = {k: tuple(sorted({r.params[k] for r in self.ladder})) for k in keys}
-        return Family(self.name, self.op, self.summary, self.header, self.function, self.rules, self.sweeps, params,
-                      PARAM_RULES[self.part])
+        return Family(self.name, self.op, self.summary, self.header, self.function or self.totals, self.rules,
+                      self.sweeps, params, PARAM_RULES[self.part])
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,7 @@ class Candidate:
     rows: dict
     columns_family: str | None = None
     columns: dict | None = None
+    partials_in_rows: bool = False    # the rows part writes the column sums' partials (no first column pass)
 
     @property
     def id(self) -> str:
@@ -109,12 +117,14 @@ class Candidate:
 
     def as_record(self) -> dict:
         return {"op": self.op, "dtype": self.dtype, "rows_family": self.rows_family, "rows": self.rows,
-                "columns_family": self.columns_family, "columns": self.columns}
+                "columns_family": self.columns_family, "columns": self.columns,
+                "partials_in_rows": self.partials_in_rows}
 
     @classmethod
     def from_record(cls, record: dict) -> "Candidate":
         return cls(record["op"], record["dtype"], record["rows_family"], dict(record["rows"]),
-                   record.get("columns_family"), dict(record["columns"]) if record.get("columns") else None)
+                   record.get("columns_family"), dict(record["columns"]) if record.get("columns") else None,
+                   bool(record.get("partials_in_rows", False)))
 
 
 # --- loading ------------------------------------------------------------------------------
@@ -124,6 +134,9 @@ def _rung(table: tomlfile.Table, keys: dict, part: str) -> Rung:
     cols = table.get("cols", int, default=None)
     if cols is not None and cols < 1:
         raise table.error("cols", "a row length >= 1 (leave the key out for every length)", cols)
+    min_cols = table.get("min_cols", int, default=1)
+    if min_cols < 1 or (cols is not None and min_cols > cols):
+        raise table.error("min_cols", f"a row length from 1 to {cols if cols is not None else 'any'}", min_cols)
     if params["vec_bytes"] not in PACK_BYTES:
         raise table.error("vec_bytes", "one of " + ", ".join(map(str, PACK_BYTES)), params["vec_bytes"])
     if part == "rows":
@@ -146,7 +159,7 @@ def _rung(table: tomlfile.Table, keys: dict, part: str) -> Rung:
         if params["chunk_rows"] < 1:
             raise table.error("chunk_rows", "an integer >= 1", params["chunk_rows"])
     table.done()
-    return Rung(params, cols)
+    return Rung(params, cols, min_cols)
 
 
 def _ladder(doc: tomlfile.Table, name: str, part: str) -> tuple[Rung, ...]:
@@ -195,15 +208,25 @@ def load(path: Path = SPACE_FILE, ruleset: RuleSet | None = None) -> Space:
         part = "columns" if op == COLUMN_OP else "rows"
         ladder_name = t.get("ladder", str, choices=set(ladders.keys()))
         families[name] = BackwardFamily(
-            name, op, part, t.get("summary", str), t.get("header", str), t.get("function", str),
+            name, op, part, t.get("summary", str), t.get("header", str),
+            t.get("function", str, default=None) if part == "columns" else t.get("function", str),
             t.get("totals", str) if part == "columns" else None,
             tuple(t.get("rules", list, item=str, choices=set(ruleset.rules) if ruleset else None)),
             t.get("sweeps", int), _ladder(ladders, ladder_name, part),
-            t.get("max_chunks", int) if part == "columns" else None)
+            t.get("max_chunks", int) if part == "columns" else None,
+            t.get("columns", str, default=None) if part == "rows" else None)
         if part == "columns" and not 1 <= families[name].max_chunks <= MAX_GRID_Y:
             raise t.error("max_chunks", f"an integer from 1 to {MAX_GRID_Y} (a grid's second dimension)",
                           families[name].max_chunks)
         t.done()
+    for name, family in families.items():
+        if family.columns is not None:
+            named = families.get(family.columns)
+            if named is None or not named.partials_from_rows:
+                raise doc.error(f"families.{name}.columns", "a column family without `function` (one whose partial "
+                                "sums its rows family writes)", family.columns)
+            if "columns" not in parts.get(family.op, ()):
+                raise doc.error(f"families.{name}.columns", f"no key: {family.op} has no column sums", family.columns)
     ladders.done()
     doc.done()
     return Space(ops, parts, families)
@@ -268,11 +291,12 @@ def row_error(op: BackwardOp, dtype: str, params: dict, cols: int, failure_proba
 
 def column_error(op: BackwardOp, family: BackwardFamily, dtype: str, rows_params: dict, params: dict, rows: int,
                  cols: int, failure_probability: float) -> float:
-    """The same for the column sums: the row lanes' chains and their fold, in both passes, with the
-    row statistics' own error."""
+    """The same for the column sums: the row lanes' chains and their fold, in both passes (a chunk
+    summed row by row where the rows part writes the partials), with the row statistics' own error."""
     chunk, chunks = chunking(family, params, rows)
     row_lanes = params["threads"] // params["col_lanes"]
-    steps = -(-chunk // row_lanes) + -(-chunks // row_lanes) + 2 * (row_lanes - 1)
+    first = chunk if family.partials_from_rows else -(-chunk // row_lanes) + row_lanes - 1
+    steps = first + -(-chunks // row_lanes) + row_lanes - 1
     return (accuracy.chain_error(steps, failure_probability)
             + op.column_row_gain * accuracy.chain_error(row_steps(rows_params, dtype, cols), failure_probability)
             + DTYPES[dtype].unit_roundoff)
@@ -300,6 +324,17 @@ def longest_row(op: str, dtype: str, params: dict, rtol: float, failure_probabil
     return _longest_row(op, dtype, order, rtol, failure_probability)
 
 
+def held_cols(params: dict, dtype: str) -> int:
+    """The longest row a lane group of the rows part holds whole (packs, as the ladder's entries give
+    them, each lane at most cache_packs of them)."""
+    pack = max(1, params["vec_bytes"] // DTYPES[dtype].size)
+    return lanes_per_row(params["topology"], params["threads"]) * pack * params["cache_packs"]
+
+
+def held_whole(params: dict, dtype: str, cols: int) -> bool:
+    return cols <= held_cols(params, dtype)
+
+
 def candidates(space: Space, decision: Decision, rtol: float, failure_probability: float, rows: int,
                cols: int) -> tuple[list[Candidate], list[str]]:
     """The candidates for one shape, in ladder order: legal, serving rows of `cols`, keeping `rtol`
@@ -320,12 +355,18 @@ def candidates(space: Space, decision: Decision, rtol: float, failure_probabilit
             if not _params_legal("rows", rung.params, dtype, decision.parts["rows"]):
                 passed_over.append(f"{what}: a rule its parameters use is not legal")
                 continue
+            if family.columns is not None and not held_whole(rung.params, dtype, cols):
+                passed_over.append(f"{what}: its lane group does not hold rows of {cols} elements whole")
+                continue
             if rtol > 0 and row_error(op, dtype, rung.params, cols, failure_probability) > rtol:
                 passed_over.append(f"{what}: its order keeps rtol {rtol:g} on rows of at most "
                                    f"{longest_row(op.name, dtype, rung.params, rtol, failure_probability)} elements, "
                                    f"not {cols}")
                 continue
             for columns_family, columns in column_choices:
+                if columns_family is not None and (columns_family.partials_from_rows or family.columns is not None) \
+                        and columns_family.name != family.columns:
+                    continue   # partial sums from the rows part pair with the rows family that writes them
                 if columns_family is not None and rtol > 0 and column_error(
                         op, columns_family, dtype, rung.params, columns, rows, cols, failure_probability) > rtol:
                     passed_over.append(f"{what} with {columns_family.name} {columns}: its column sums over {rows} "
@@ -333,5 +374,5 @@ def candidates(space: Space, decision: Decision, rtol: float, failure_probabilit
                     continue
                 found.append(Candidate(op.name, dtype, family_name, dict(rung.params),
                                        columns_family.name if columns_family else None,
-                                       dict(columns) if columns else None))
+                                       dict(columns) if columns else None, family.columns is not None))
     return found, passed_over

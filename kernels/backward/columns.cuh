@@ -5,8 +5,9 @@
 // the bits are the same on every run:
 //   column_partials: block (tile, chunk) sums rows [chunk * chunk_rows, +chunk_rows) for its tile
 //     of columns; each of its ROW_LANES row lanes sums every ROW_LANES-th row of the chunk in
-//     order, then the lanes' sums are added in lane order, into partials[o][chunk][j] (floats);
-//   column_totals: block `tile` sums partials[o][0..chunks)[j] the same way and writes out_o[j].
+//     order, then the lanes' sums are added in lane order, into partials[chunk][o][j] (floats);
+//   column_totals: block `tile` sums partials[0..chunks)[o][j] the same way and writes out_o[j].
+// (backward/norms_columns.cuh writes the same partials from the rows' own pass.)
 // A tile is COL_LANES lanes of V consecutive columns (packs, where the rows allow them) or of V
 // columns COL_LANES apart (one element at a time); THREADS = COL_LANES * ROW_LANES.
 #pragma once
@@ -64,7 +65,7 @@ __device__ __forceinline__ void contribute(float (&acc)[KIND][V], int k, float g
   }
 }
 
-// Pass 1. stats: KIND floats a row (rmsnorm: r; layernorm: mu, r); partials: KIND x chunks x cols.
+// Pass 1. stats: KIND floats a row (rmsnorm: r; layernorm: mu, r); partials: chunks x KIND x cols.
 template <int KIND, typename T, int THREADS, int V, int COL_LANES>
 __device__ __forceinline__ void column_partials(const T* __restrict__ g, const T* __restrict__ x,
                                                 const float* __restrict__ stats, float* __restrict__ partials,
@@ -123,13 +124,12 @@ __device__ __forceinline__ void column_partials(const T* __restrict__ g, const T
       }
     }
   }
-  const long long chunks = gridDim.y;
   tile.fold(acc, V > 1 && vectorised, cols, [&](int o, int j, float total) {
-    partials[((long long)o * chunks + blockIdx.y) * cols + j] = total;
+    partials[((long long)blockIdx.y * KIND + o) * cols + j] = total;
   });
 }
 
-// Pass 2: out_o[j] = sum over chunks of partials[o][chunk][j], rounded to T. V here counts floats.
+// Pass 2: out_o[j] = sum over chunks of partials[chunk][o][j], rounded to T. V here counts floats.
 template <int OUTPUTS, typename T, int THREADS, int V, int COL_LANES>
 __device__ __forceinline__ void column_totals(const float* __restrict__ partials, T* __restrict__ out0,
                                               T* __restrict__ out1, int chunks, int cols) {
@@ -149,7 +149,7 @@ __device__ __forceinline__ void column_totals(const float* __restrict__ partials
       for (int c = tile.row_lane; c < chunks; c += ROW_LANES) {
 #pragma unroll
         for (int o = 0; o < OUTPUTS; ++o) {
-          const Pack<float, V> p = load_pack<V>(partials + ((long long)o * chunks + c) * cols + at);
+          const Pack<float, V> p = load_pack<V>(partials + ((long long)c * OUTPUTS + o) * cols + at);
 #pragma unroll
           for (int k = 0; k < V; ++k) acc[o][k] += p.v[k];
         }
@@ -162,7 +162,7 @@ __device__ __forceinline__ void column_totals(const float* __restrict__ partials
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const int j = tile.column(k, false);
-          if (j < cols) acc[o][k] += partials[((long long)o * chunks + c) * cols + j];
+          if (j < cols) acc[o][k] += partials[((long long)c * OUTPUTS + o) * cols + j];
         }
     }
   }
