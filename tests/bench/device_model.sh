@@ -7,6 +7,7 @@
 #   PROFILE=1                        (model_bench --profile: where each forward's time goes)
 #   MODEL_SECONDS=240  HOST_SECONDS=60  TEST_SECONDS=120  BACKWARD_SECONDS=150   (each step's limit,
 #                                    570 s in all; 0 skips a step)
+#   BACKWARD_ARGS="--ops rmsnorm,layernorm --candidates"   (backward_bench.py's arguments besides --json)
 #   AUTOTUNE_SECONDS=500             (the max-autotune variants, apart; 0 by default: a call of its own,
 #                                    with the other steps' SECONDS 0, builds the instance it needs)
 # Results go to $OUT (or ./device-out): model.json, model-max-autotune.json, host_time.txt
@@ -40,7 +41,7 @@ if [ "${TEST_SECONDS:-120}" -gt 0 ]; then
   cat "$OUT/gpu-tests.txt"
 fi
 if [ "${BACKWARD_SECONDS:-150}" -gt 0 ]; then
-  timeout "${BACKWARD_SECONDS:-150}" python3 tests/bench/backward_bench.py --json "$OUT/backward.json" 2>&1 \
+  timeout "${BACKWARD_SECONDS:-150}" python3 tests/bench/backward_bench.py --json "$OUT/backward.json" ${BACKWARD_ARGS:-} 2>&1 \
     | tee "$LOGS/backward.log" | tail -12
 fi
 keep_logs
