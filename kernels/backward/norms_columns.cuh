@@ -61,6 +61,9 @@ struct ElementRow {
   }
 };
 
+// Asks the L2 for the 16-byte pack at `p` (or its line) ahead of its load: no register waits for it.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" : : "l"(p)); }
+
 // A held row of either kind: WHOLE rows are whole aligned packs (RowCache), the rest ElementRow.
 template <bool WHOLE, int V, int SLOTS, typename T>
 using HeldRow = typename pick<WHOLE, RowCache<V, SLOTS, T, false>, ElementRow<V, SLOTS, T>>::type;
@@ -83,6 +86,8 @@ __device__ __forceinline__ void store_slot(T* __restrict__ y, const Row& row, in
   }
 }
 
+constexpr int AHEAD = 2;   // rows requested into the L2 before a group reaches them
+
 template <int KIND, bool WHOLE, typename T, int THREADS, int V, int TOPOLOGY, int SLOTS, typename RowFn>
 __device__ __forceinline__ void chunk_rows_with_columns(const T* __restrict__ g, const T* __restrict__ x,
                                                         float* __restrict__ partials, int rows, int cols, int g_stride,
@@ -102,6 +107,18 @@ __device__ __forceinline__ void chunk_rows_with_columns(const T* __restrict__ g,
 #pragma unroll
       for (int k = 0; k < V; ++k) acc[o][u][k] = 0.0f;
   for (long long row = begin; row < end; ++row) {
+    // A group walks its chunk row by row and each row waits on its sums: the rows AHEAD on are
+    // requested into the L2 first, so that their reads overlap this row's reductions.
+    if (row + AHEAD < end) {
+#pragma unroll
+      for (int u = 0; u < SLOTS; ++u) {
+        const int at = (lane + u * G::lanes) * V;
+        if (at < cols) {
+          prefetch_l2(g + (row + AHEAD) * g_stride + at);
+          prefetch_l2(x + (row + AHEAD) * x_stride + at);
+        }
+      }
+    }
     const HeldRow<WHOLE, V, SLOTS, T> hg(g + row * g_stride, cols, lane, G::lanes), hx(x + row * x_stride, cols, lane,
                                                                                         G::lanes);
     row_fn(row, hg, hx, acc);
