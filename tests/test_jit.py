@@ -325,3 +325,26 @@ def test_nothing_runs_in_the_background_where_the_best_is_carried_or_cached_or_n
     cached = jit.kernel_for("softmax", "float32", *CARRIED_SHAPE, background=True)
     assert (cached.candidate, cached.origin, cached.pending) == (ranked[0].id, "jit cache", None)
     assert not any("compiling" in e for e in jit.events)
+
+
+def test_where_the_prior_ranks_no_carried_kernel_the_nearest_tuned_shapes_answers_while_the_best_compiles(
+        instance_dir, tmp_path):
+    """A first call whose ranked candidates are none of them carried is answered by the kernel the
+    instance carries for its nearest tuned shape (given by the caller, which checked its bound), the
+    predicted fastest compiling on a thread; without one, the caller compiles as before."""
+    jit = fresh_jit(instance_dir, tmp_path)
+    planned = jit.planning()
+    shape = (jit_mod.rows_class(CARRIED_SHAPE[0]), CARRIED_SHAPE[1])
+    ranked = [c for c in planned.best_for_shape("softmax", "float32", shape) if c.id not in jit.packaged]
+    nearest = next(v for v in jit.packaged.values() if v["candidate"].startswith("softmax") and
+                   ".float32." in v["candidate"])
+    before = nvrtc.compilations
+    made = jit._answer_while_compiling(ranked, planned, "softmax", "float32", *CARRIED_SHAPE, nearest)
+    assert (made.candidate, made.origin, made.validation, made.timed) == (nearest["candidate"], "packaged",
+                                                                          "passed", False)
+    event = next(e for e in jit.events if "compiling" in e)
+    assert (event["answered_with"], event["compiling"]) == (nearest["candidate"], ranked[0].id)
+    made.pending.join(timeout=300)
+    assert not made.pending.is_alive() and nvrtc.compilations > before
+    # compiled since: nothing to answer for, the caller's path takes the cached kernel
+    assert jit._answer_while_compiling(ranked, planned, "softmax", "float32", *CARRIED_SHAPE, nearest) is None

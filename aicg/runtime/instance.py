@@ -146,8 +146,13 @@ class OpKernels:
         """The JIT's kernel for an untuned shape, or None to run the nearest tuned shape's. Without
         `tune`, the prior's first valid pick (or the choice timed earlier), timing nothing."""
         try:
+            nearest = nearest_variant(entry, rows, cols)
+        except InstanceError:     # no carried kernel keeps the bound on these rows
+            nearest = None
+        try:
             made = self.instance.jit.kernel_for(self.op.name, dtype, rows, cols, validate=self._validator(dtype),
-                                                timer=self._timer(dtype) if tune else None, background=not tune)
+                                                timer=self._timer(dtype) if tune else None, background=not tune,
+                                                nearest=nearest if nearest and "candidate" in nearest else None)
         except JitError as err:
             log.warning("aicg: %s; running the nearest tuned shape's kernel", err)
             return None

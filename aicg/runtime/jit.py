@@ -17,7 +17,9 @@ takes those that
 Asked to answer at once (`background`: no timing now), where the predicted
 fastest has to be compiled and a kernel the instance carries can run the
 shape, the JIT answers with the carried one (the first of them in the
-prior's order) and compiles the predicted fastest on a thread of its own;
+prior's order; where the prior ranks none of them, the instance's kernel for
+its nearest tuned shape, as long as its order keeps the bound on these rows)
+and compiles the predicted fastest on a thread of its own;
 the caller asks again once that thread has finished (JitKernel.pending), and
 the compiled kernel is then validated and runs from that call on. A first
 call then waits for no compiler.
@@ -163,14 +165,16 @@ class Jit:
         return self._planning
 
     def kernel_for(self, op: str, dtype: str, rows: int, cols: int, validate=None, timer=None,
-                   background: bool = False) -> JitKernel:
+                   background: bool = False, nearest: dict | None = None) -> JitKernel:
         """The kernel for a new shape. `validate(cubin, params, shape) -> {"status", "reason"}` runs
         where a device is (None: leave a compiled kernel unvalidated); a kernel is validated once per GPU, on the
         build's awkward shapes and the first shape that needed it. `timer([(cubin, params)], shape) ->
         [seconds] or None` times the first TIMED_CANDIDATES usable candidates at the shape, and the
         fastest is chosen (the prior only ranks them); the choice is kept per GPU and shape class.
         `background` (without a timer): where the predicted fastest must be compiled, answer with the
-        first carried candidate and compile it on a thread (the module's docstring)."""
+        first carried candidate and compile it on a thread (the module's docstring); where none of
+        the ranked candidates is carried, with `nearest`, a carried kernel that keeps the bound at
+        these rows (a dispatch entry: the instance's kernel for its nearest tuned shape)."""
         shape = (rows_class(rows), cols)
         planned = self.planning()
         ranked = timing_order(planned.best_for_shape(op, dtype, shape))
@@ -181,7 +185,7 @@ class Jit:
             chosen = choice.get("candidate")
             ranked = [c for c in ranked if c.id == chosen] + [c for c in ranked if c.id != chosen]
         elif background and timer is None:
-            answer = self._answer_while_compiling(ranked, planned, op, dtype, rows, cols)
+            answer = self._answer_while_compiling(ranked, planned, op, dtype, rows, cols, nearest)
             if answer is not None:
                 return self._note(op, dtype, (rows, cols), answer)
         usable, tried = [], []
@@ -224,9 +228,11 @@ class Jit:
             thread.join(timeout)
         return not any(t.is_alive() for t in self._compiling.values())
 
-    def _answer_while_compiling(self, ranked, planned, op, dtype, rows, cols) -> JitKernel | None:
-        """The first carried candidate, with the predicted fastest compiling on a thread, where that
-        one has to be compiled; None where it need not be or nothing carried can answer."""
+    def _answer_while_compiling(self, ranked, planned, op, dtype, rows, cols,
+                                nearest: dict | None = None) -> JitKernel | None:
+        """The first carried candidate (else `nearest`, a carried dispatch entry that keeps the bound
+        here), with the predicted fastest compiling on a thread, where that one has to be compiled;
+        None where it need not be or nothing carried can answer."""
         if not ranked or ranked[0].id in self.packaged:
             return None
         first = ranked[0]
@@ -234,8 +240,9 @@ class Jit:
         if key not in self._compiling and self.cache.record_path(key).exists():
             return None    # compiled before (the caller's path checks it): no compiler to wait for
         carried = next((c for c in ranked if c.id in self.packaged), None)
-        if carried is None:
+        if carried is None and nearest is None:
             return None
+        answering = carried.id if carried is not None else nearest["candidate"]
         thread = self._compiling.get(key)
         if thread is None:
             def compile_first():
@@ -246,12 +253,16 @@ class Jit:
             thread = threading.Thread(target=compile_first, name=f"aicg-jit {first.id}", daemon=True)
             self._compiling[key] = thread
             thread.start()
-            self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "answered_with": carried.id,
+            self.events.append({"op": op, "dtype": dtype, "shape": [rows, cols], "answered_with": answering,
                                 "compiling": first.id})
-            log.info("aicg: %s %s at %dx%d runs %s while %s compiles", op, dtype, rows, cols, carried.id, first.id)
+            log.info("aicg: %s %s at %dx%d runs %s while %s compiles", op, dtype, rows, cols, answering, first.id)
         if not thread.is_alive():
             return None    # finished since: the caller's path takes the compiled kernel from the cache
-        made = self._usable(carried, planned, op, dtype, rows, cols, None)
+        if carried is not None:
+            made = self._usable(carried, planned, op, dtype, rows, cols, None)
+        else:   # validated by the build, like every carried kernel; its bound checked by the caller
+            made = JitKernel(nearest["candidate"], nearest["params"],
+                             trust.packaged_cubin(self.instance_dir, nearest, JitError), "packaged", "passed")
         return dataclasses.replace(made, timed=False, pending=thread)
 
     def _choice_path(self, op: str, dtype: str, shape, ranked, gpu: str) -> Path:
