@@ -9,6 +9,7 @@ import re
 import pytest
 
 from aicg import nvrtc
+from aicg.codegen import blocks_per_row
 from aicg.backward import build, codegen, space
 from aicg.backward.space import Candidate
 
@@ -34,6 +35,8 @@ def _candidates(family_name: str, turn: int) -> list[Candidate]:
 @pytest.mark.parametrize("family", ROW_FAMILIES)
 def test_every_rung_compiles_without_spilling(family, arch, turn):
     for candidate in _candidates(family, turn):
+        if arch == "sm_80" and blocks_per_row(candidate.rows["topology"]) > 1:
+            continue    # clusters are sm_90's: a GPU without them is never offered these (test_backward_space)
         cubin, reports, log = build.compile_candidate(SPACE, candidate, arch)
         assert cubin and set(reports) == set(codegen.entries(candidate)), log
         assert not build.unhealthy(candidate, reports), (candidate.id, arch, log)

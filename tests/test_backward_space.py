@@ -116,7 +116,7 @@ def test_chunking_keeps_at_most_max_chunks(shipped_space):
 
 
 @pytest.mark.parametrize("old, new, key, expected", [
-    ('topology = "lanes4"', 'topology = "cluster4"', "ladders.rows.entries[0].topology", "one of warp, block"),
+    ('topology = "lanes4"', 'topology = "cluster8"', "ladders.rows.entries[0].topology", "one of warp, block"),
     ('{ threads = 512, topology = "block", vec_bytes = 16, cache_packs = 0 }',
      '{ cols = 9999, threads = 512, topology = "block", vec_bytes = 16, cache_packs = 0 }',
      "ladders.rows.entries[6].cols", "no key in the last entry"),
@@ -132,6 +132,8 @@ def test_chunking_keeps_at_most_max_chunks(shipped_space):
      "a column family without `function`"),
     ('{ min_cols = 2048, cols = 4096, threads = 512', '{ min_cols = 8192, cols = 4096, threads = 512',
      "ladders.rows_with_columns.entries[0].min_cols", "a row length from 1 to 4096"),
+    ('{ cols = 16, threads = 128, topology = "lanes4"', '{ cols = 16, threads = 128, topology = "cluster4"',
+     "families.softmax_backward_rows.ladder", "topologies keeping a row in one block"),
     ('col_lanes = 8, vec_bytes = 16', 'col_lanes = 12, vec_bytes = 16', "ladders.columns.entries[0].col_lanes",
      "one of 8, 16, 32"),
     ('parts = ["rows", "columns"]\n\n[ops.layernorm_backward]', 'parts = ["rows"]\n\n[ops.layernorm_backward]',
@@ -174,3 +176,14 @@ def test_a_chunk_summed_row_by_row_counts_its_rows_in_the_bound(shipped_space):
     two_pass = space.column_error(op, shipped_space.families["column_sum_two_pass"], "bfloat16", rows_params,
                                   columns, 65536, 4096, 1e-6)
     assert from_rows > two_pass     # 64 rows in one chain, against 8 a row lane
+
+
+def test_rows_split_over_a_cluster_are_offered_only_where_the_gpu_has_clusters(repo, shipped_ruleset, shipped_space):
+    prof = _profile(repo, shipped_ruleset, "default")
+    decision = _decide(shipped_space, shipped_ruleset, prof, "rmsnorm_backward", "bfloat16")
+    found, _ = space.candidates(shipped_space, decision, 1.6e-2, 1e-6, 4096, 32768, max_cluster_blocks=8)
+    assert found[0].partials_in_rows and found[0].rows["topology"] == "cluster4"
+    found, passed_over = space.candidates(shipped_space, decision, 1.6e-2, 1e-6, 4096, 32768, max_cluster_blocks=1)
+    assert not any(c.rows["topology"].startswith("cluster") for c in found)
+    assert any("a cluster of 4 blocks, the GPU's hold at most 1" in why for why in passed_over)
+    assert found and not found[0].partials_in_rows        # the two passes serve it there

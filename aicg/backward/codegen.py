@@ -67,13 +67,15 @@ def _declaration(name: str, entry: str, ctype: str) -> str:
 
 
 def _entry(entry: str, threads: int, function: str, template_args: list[str], names: tuple[str, ...],
-           ctype: str, passed: dict[str, str] | None = None) -> str:
-    """The entry calling `function` with `names`: its own parameters, or the literals `passed` gives."""
+           ctype: str, passed: dict[str, str] | None = None, cluster: int = 1) -> str:
+    """The entry calling `function` with `names`: its own parameters, or the literals `passed` gives;
+    launched in clusters of `cluster` blocks where that is above 1."""
     passed = passed or {}
     declared = [n for n in names if n not in passed]
     signature = ",\n    ".join(_declaration(n, entry, ctype) for n in declared)
     call = ", ".join(passed.get(n, n) for n in names)
-    return (f'extern "C" __global__ void __launch_bounds__({threads})\n{entry}(\n    {signature}) {{\n'
+    dims = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
+    return (f'extern "C" __global__ void {dims}__launch_bounds__({threads})\n{entry}(\n    {signature}) {{\n'
             f"  {function}<{', '.join(template_args)}>({call});\n}}\n")
 
 
@@ -86,7 +88,8 @@ def source(space: Space, candidate: Candidate) -> str:
     headers = [rows_family.header]
     entries = [_entry(ROWS_ENTRY, p["threads"], rows_family.function,
                       [dtype.ctype, str(p["threads"]), str(p["vec_bytes"] // dtype.size),
-                       row_codegen.TOPOLOGIES[p["topology"]], str(p["cache_packs"])], names[ROWS_ENTRY], dtype.ctype)]
+                       row_codegen.TOPOLOGIES[p["topology"]], str(p["cache_packs"])], names[ROWS_ENTRY], dtype.ctype,
+                      cluster=row_codegen.blocks_per_row(p["topology"]))]
     if op.column_outputs:
         family, c = space.families[candidate.columns_family], candidate.columns
         headers.append(family.header)
@@ -146,8 +149,9 @@ def rows_launch(space: Space, candidate: Candidate, rows: int, cols: int) -> Lau
     p = candidate.rows
     if candidate.partials_in_rows:
         _, chunks = chunking(space.families[candidate.columns_family], candidate.columns, rows)
-        groups = p["threads"] // row_codegen.lanes_per_row(p["topology"], p["threads"])
-        blocks, threads = -(-chunks // groups), p["threads"]
+        per_group = row_codegen.blocks_per_row(p["topology"])      # a cluster's blocks share a row group
+        groups = max(1, p["threads"] // row_codegen.lanes_per_row(p["topology"], p["threads"]))
+        blocks, threads = -(-chunks // groups) * per_group, p["threads"]
     else:
         blocks, threads = row_codegen.launch_geometry(p, rows, cols, DTYPES[candidate.dtype].size)
     return Launch(ROWS_ENTRY, (blocks, 1, 1), threads, arguments(candidate)[ROWS_ENTRY])

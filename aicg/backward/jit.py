@@ -77,7 +77,8 @@ class BackwardJit:
         prof = self.planning.prof
         rtol = prof.preservation.tolerance[dtype][0]
         found, passed_over = space_mod.candidates(self.space, decision, rtol,
-                                                  self.planning.rules.rounding.failure_probability, rows, cols)
+                                                  self.planning.rules.rounding.failure_probability, rows, cols,
+                                                  self._max_cluster_blocks())
         rejected = list(passed_over)
         for candidate in found:
             chosen = self.kernels_of(candidate, rows, cols, rejected)
@@ -91,7 +92,12 @@ class BackwardJit:
         if not decision.legal:
             return []
         return space_mod.candidates(self.space, decision, self.planning.prof.preservation.tolerance[dtype][0],
-                                    self.planning.rules.rounding.failure_probability, rows, cols)[0]
+                                    self.planning.rules.rounding.failure_probability, rows, cols,
+                                    self._max_cluster_blocks())[0]
+
+    def _max_cluster_blocks(self) -> int:
+        """The most blocks the target puts in a cluster (1 where it has none), as the forward plan reads it."""
+        return int(self.planning.hw_facts["max_cluster_blocks"])
 
     def kernels_of(self, candidate: Candidate, rows: int, cols: int,
                    rejected: list[str] | None = None) -> Chosen | str | None:

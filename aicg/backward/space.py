@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import tomlfile
-from ..codegen import lanes_per_row
+from ..codegen import blocks_per_row, lanes_per_row
 from ..dtypes import DTYPES
 from ..semantics import accuracy, legality
 from ..semantics.ruleset import Family, OpSemantics, ParamRule, RuleSet
@@ -24,7 +24,8 @@ from .ops import BACKWARD_OPS, BackwardOp
 SPACE_FILE = Path(__file__).with_name("families.toml")
 COLUMN_OP = "column_sum"
 PARTS = ("rows", "columns")
-ROW_TOPOLOGIES = ("warp", "block", "thread", "lanes4", "lanes8", "lanes16")
+ROW_TOPOLOGIES = ("warp", "block", "thread", "lanes4", "lanes8", "lanes16", "cluster2", "cluster4")
+HELD_ONLY_TOPOLOGIES = ("cluster2", "cluster4")   # rows split over blocks: the one-pass norms' only
 PACK_BYTES = (4, 8, 16)
 COLUMN_LANES = (8, 16, 32)
 MAX_GRID_Y = 65535
@@ -220,6 +221,10 @@ def load(path: Path = SPACE_FILE, ruleset: RuleSet | None = None) -> Space:
                           families[name].max_chunks)
         t.done()
     for name, family in families.items():
+        split = sorted({r.params["topology"] for r in family.ladder if family.part == "rows"} & set(HELD_ONLY_TOPOLOGIES))
+        if split and family.columns is None:
+            raise doc.error(f"families.{name}.ladder", "topologies keeping a row in one block (a row split over a "
+                            "cluster is held whole by a family with `columns`)", split)
         if family.columns is not None:
             named = families.get(family.columns)
             if named is None or not named.partials_from_rows:
@@ -336,9 +341,10 @@ def held_whole(params: dict, dtype: str, cols: int) -> bool:
 
 
 def candidates(space: Space, decision: Decision, rtol: float, failure_probability: float, rows: int,
-               cols: int) -> tuple[list[Candidate], list[str]]:
+               cols: int, max_cluster_blocks: int | None = None) -> tuple[list[Candidate], list[str]]:
     """The candidates for one shape, in ladder order: legal, serving rows of `cols`, keeping `rtol`
-    on them (the column sums too, over `rows` rows); and why the others were passed over."""
+    on them (the column sums too, over `rows` rows), a row's blocks within the GPU's clusters
+    (`max_cluster_blocks`, None: any); and why the others were passed over."""
     op, dtype = BACKWARD_OPS[decision.op], decision.dtype
     found, passed_over = [], []
     column_choices = [(None, None)]
@@ -354,6 +360,10 @@ def candidates(space: Space, decision: Decision, rtol: float, failure_probabilit
             what = f"{family_name} {rung.params}"
             if not _params_legal("rows", rung.params, dtype, decision.parts["rows"]):
                 passed_over.append(f"{what}: a rule its parameters use is not legal")
+                continue
+            if max_cluster_blocks is not None and blocks_per_row(rung.params["topology"]) > max_cluster_blocks:
+                passed_over.append(f"{what}: a cluster of {blocks_per_row(rung.params['topology'])} blocks, "
+                                   f"the GPU's hold at most {max_cluster_blocks}")
                 continue
             if family.columns is not None and not held_whole(rung.params, dtype, cols):
                 passed_over.append(f"{what}: its lane group does not hold rows of {cols} elements whole")

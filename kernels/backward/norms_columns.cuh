@@ -93,10 +93,11 @@ __device__ __forceinline__ void chunk_rows_with_columns(const T* __restrict__ g,
                                                         float* __restrict__ partials, int rows, int cols, int g_stride,
                                                         int x_stride, int chunk_rows, RowFn&& row_fn) {
   using G = RowGroup<THREADS, TOPOLOGY>;
-  constexpr int GROUPS = THREADS / G::lanes;
-  const long long chunk = (long long)blockIdx.x * GROUPS + threadIdx.x / G::lanes;
+  constexpr int GROUPS = G::rows_per_block;   // row groups a block (a cluster of G::blocks has one)
+  const long long chunk = G::blocks > 1 ? (long long)(blockIdx.x / G::blocks)
+                                        : (long long)blockIdx.x * GROUPS + threadIdx.x / G::lanes;
   const long long begin = chunk * chunk_rows;
-  if (begin >= rows) return;   // whole row groups leave together: a block topology has one group
+  if (begin >= rows) return;   // whole row groups leave together (a block, or a cluster, is one group)
   const long long end = begin + chunk_rows < rows ? begin + chunk_rows : rows;
   const int lane = G::lane();
   float acc[KIND][SLOTS][V];
