@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device_target")]
 
 TOLERANCE = {"float32": (1e-5, 1e-7), "bfloat16": (1.6e-2, 1e-5), "float16": (1e-3, 1e-5)}   # the tolerance preset's
 # (rows, cols) or (rows, cols, row stride): off every pack and block, several rows a thread's group,
-# one row of many, long rows, rows lying apart with and without packs; rows a block holds whole, in
-# several chunks (the norms' column sums in the rows' own pass)
+# one row of many, long rows, rows lying apart with and without packs; rows a block (or a cluster,
+# on GPUs with them) holds whole, in several chunks (the norms' column sums in the rows' own pass)
 SHAPES = [(3, 1), (5, 7), (2051, 3), (3001, 33), (37, 1000), (9, 4097), (2, 20000), (37, 1000, 1024), (9, 515, 517),
           (300, 4096), (130, 2048, 2056), (200, 16384)]
 OPS = tuple(BY_FORWARD)
