@@ -4,9 +4,9 @@ A candidate becomes one CUDA source with up to three extern "C" entries, compile
 and validated as a whole: the rows part (`aicg_backward_rows`: the input's gradient, and a norm's
 row statistics) and, for a norm, the two passes of its column sums (`aicg_backward_column_partials`,
 `aicg_backward_column_totals`), or only the second where the rows part writes the partial sums
-itself (a candidate's `partials_in_rows`: its rows are summed by chunks of rows, one a row group). Each entry instantiates its family's template in kernels/backward/
-with the candidate's parameters; nothing else is pasted, so a compiler error points at the
-template's own file and line.
+itself (a candidate's `partials_in_rows`: its rows are summed by chunks of rows, one a row group).
+Each entry instantiates its family's template in kernels/backward/ with the candidate's
+parameters; nothing else is pasted, so a compiler error points at the template's own file and line.
 """
 from __future__ import annotations
 
