@@ -221,7 +221,8 @@ def load(path: Path = SPACE_FILE, ruleset: RuleSet | None = None) -> Space:
                           families[name].max_chunks)
         t.done()
     for name, family in families.items():
-        split = sorted({r.params["topology"] for r in family.ladder if family.part == "rows"} & set(HELD_ONLY_TOPOLOGIES))
+        topologies = {r.params["topology"] for r in family.ladder} if family.part == "rows" else set()
+        split = sorted(topologies & set(HELD_ONLY_TOPOLOGIES))
         if split and family.columns is None:
             raise doc.error(f"families.{name}.ladder", "topologies keeping a row in one block (a row split over a "
                             "cluster is held whole by a family with `columns`)", split)

@@ -32,7 +32,9 @@ struct ElementRow {
   Held slot[SLOTS];
   int cols, lane, lanes;
 
-  __device__ __forceinline__ ElementRow(const T* row, int cols_, int lane_, int lanes_) { load(row, cols_, lane_, lanes_); }
+  __device__ __forceinline__ ElementRow(const T* row, int cols_, int lane_, int lanes_) {
+    load(row, cols_, lane_, lanes_);
+  }
   __device__ __forceinline__ int start(int u) const { return (lane + u * lanes) * V; }
   __device__ __forceinline__ bool holds(int u) const { return start(u) < cols; }
   __device__ __forceinline__ bool valid(int u, int k) const { return start(u) + k < cols; }
