@@ -237,32 +237,29 @@ __device__ __forceinline__ void layernorm_backward_chunks(const T* __restrict__ 
 
 // The entries' functions: the rows as whole packs where they, w and dx allow it, else element by
 // element into the same slots (the same columns a lane, in the same order: the same bits).
-template <typename T, int THREADS, int V, int TOPOLOGY, int CACHE>
-__device__ __forceinline__ void rmsnorm_backward_columns(const T* __restrict__ g, const T* __restrict__ x,
-                                                         const T* __restrict__ w, T* __restrict__ dx,
-                                                         float* __restrict__ partials, int rows, int cols,
-                                                         int g_stride, int x_stride, float eps, int chunk_rows) {
-  static_assert(CACHE > 0, "the rows are held: the column sums stay at fixed registers");
-  if (V > 1 && rows_vectorisable<V>(cols, g_stride | x_stride, g, x, w, dx))
-    rmsnorm_backward_chunks<true, T, THREADS, V, TOPOLOGY, CACHE>(g, x, w, dx, partials, rows, cols, g_stride,
-                                                                   x_stride, eps, chunk_rows);
-  else
-    rmsnorm_backward_chunks<false, T, THREADS, V, TOPOLOGY, CACHE>(g, x, w, dx, partials, rows, cols, g_stride,
-                                                                    x_stride, eps, chunk_rows);
+template <bool B> struct WholeRows { static constexpr bool value = B; };
+
+template <int V, typename T, typename Run>
+__device__ __forceinline__ void whole_or_elements(int cols, int strides, const T* g, const T* x, const T* w,
+                                                  const T* dx, Run&& run) {
+  if (V > 1 && rows_vectorisable<V>(cols, strides, g, x, w, dx)) run(WholeRows<true>{});
+  else run(WholeRows<false>{});
 }
 
-template <typename T, int THREADS, int V, int TOPOLOGY, int CACHE>
-__device__ __forceinline__ void layernorm_backward_columns(const T* __restrict__ g, const T* __restrict__ x,
-                                                           const T* __restrict__ w, T* __restrict__ dx,
-                                                           float* __restrict__ partials, int rows, int cols,
-                                                           int g_stride, int x_stride, float eps, int chunk_rows) {
-  static_assert(CACHE > 0, "the rows are held: the column sums stay at fixed registers");
-  if (V > 1 && rows_vectorisable<V>(cols, g_stride | x_stride, g, x, w, dx))
-    layernorm_backward_chunks<true, T, THREADS, V, TOPOLOGY, CACHE>(g, x, w, dx, partials, rows, cols, g_stride,
-                                                                     x_stride, eps, chunk_rows);
-  else
-    layernorm_backward_chunks<false, T, THREADS, V, TOPOLOGY, CACHE>(g, x, w, dx, partials, rows, cols, g_stride,
-                                                                      x_stride, eps, chunk_rows);
-}
+#define AICG_NORM_BACKWARD_COLUMNS(name, chunks)                                                                \
+  template <typename T, int THREADS, int V, int TOPOLOGY, int CACHE>                                            \
+  __device__ __forceinline__ void name(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w, \
+                                       T* __restrict__ dx, float* __restrict__ partials, int rows, int cols,    \
+                                       int g_stride, int x_stride, float eps, int chunk_rows) {                 \
+    static_assert(CACHE > 0, "the rows are held: the column sums stay at fixed registers");                    \
+    whole_or_elements<V>(cols, g_stride | x_stride, g, x, w, dx, [&](auto whole) {                            \
+      chunks<decltype(whole)::value, T, THREADS, V, TOPOLOGY, CACHE>(g, x, w, dx, partials, rows, cols,       \
+                                                                     g_stride, x_stride, eps, chunk_rows);    \
+    });                                                                                                         \
+  }
+
+AICG_NORM_BACKWARD_COLUMNS(rmsnorm_backward_columns, rmsnorm_backward_chunks)
+AICG_NORM_BACKWARD_COLUMNS(layernorm_backward_columns, layernorm_backward_chunks)
+#undef AICG_NORM_BACKWARD_COLUMNS
 
 }  // namespace aicg
