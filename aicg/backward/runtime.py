@@ -18,13 +18,13 @@ import threading
 from .. import digest
 from ..errors import CompileError
 from ..runtime import arrays, driver
+from ..runtime.memo import Memo
 from . import codegen
 from .jit import BackwardJit
 from .ops import BACKWARD_OPS, BY_FORWARD
 
 log = logging.getLogger("aicg.jit")
 DTYPES = ("float32", "bfloat16", "float16")
-MAX_SHAPES = 4096        # a lookup per distinct shape, cleared past this many
 
 
 class Backward:
@@ -37,7 +37,7 @@ class Backward:
         self._instance = instance
         self._jit: BackwardJit | None = jit
         self._lock = threading.Lock()
-        self._by_shape: dict[tuple, tuple | str] = {}
+        self._by_shape: dict[tuple, tuple | str] = Memo()     # a lookup per distinct shape, bounded
         self._loaded: dict[tuple[str, int], dict] = {}   # (cubin digest, device) -> entry -> driver.Kernel
         self.served: dict[tuple, str] = {}       # (forward op, dtype, rows, cols) -> candidate
         self.declined: dict[tuple, str] = {}     # (forward op, dtype, cols) -> why PyTorch's formula ran
@@ -122,8 +122,6 @@ class Backward:
                     except (CompileError, OSError) as err:
                         chosen = f"the backward JIT failed: {err}"
                     found = chosen if isinstance(chosen, str) else (chosen.candidate, self._load(chosen, device))
-                if len(self._by_shape) >= MAX_SHAPES:
-                    self._by_shape.clear()
                 self._by_shape[key] = found
         return found
 
