@@ -5,7 +5,10 @@ float64 before it is timed; cuBLAS without and with its bias epilogue, eager PyT
 torch.compile (default and max-autotune) beside them, timed alike (CUDA events, L2 evicted by a
 read, the median).
 
-    python tests/bench/fused_epilogue.py --json fused.json [--m 8192] [--reps 20]
+    python tests/bench/fused_epilogue.py --json fused.json [--m 8192] [--reps 20] [--schedules 0,5]
+
+--schedules picks schedules by their index in SCHEDULES (default: all), --epilogues likewise in
+EPILOGUES, and --no-peers leaves the peers out.
 """
 from __future__ import annotations
 
@@ -29,15 +32,20 @@ SCHEDULES = (dict(block_m=128, block_n=256, stages=3, schedule="cooperative", st
              dict(block_m=128, block_n=256, stages=4, schedule="cooperative", store="direct"),
              dict(block_m=128, block_n=128, stages=4, schedule="pingpong", store="staged"),
              dict(block_m=64, block_n=256, stages=4, schedule="pingpong", store="staged"),
-             dict(block_m=128, block_n=256, stages=3, cluster_m=2, schedule="cooperative", store="staged"))
+             dict(block_m=128, block_n=256, stages=3, cluster_m=2, schedule="cooperative", store="staged"),
+             # pingpong tiles sharing B across a 2-CTA cluster: a CTA's share of the operands a
+             # slice is then the cooperative 128 x 256 tile's, and the epilogues still overlap
+             dict(block_m=64, block_n=256, stages=4, cluster_m=2, schedule="pingpong", store="staged"),
+             dict(block_m=128, block_n=128, stages=4, cluster_m=2, schedule="pingpong", store="staged"),
+             dict(block_m=128, block_n=128, stages=5, cluster_m=2, schedule="pingpong", store="staged"))
 EPILOGUES = (Epilogue(), Epilogue(bias=True), Epilogue(bias=True, residual=True),
              Epilogue("gelu_erf", bias=True, residual=True), Epilogue("gelu_tanh", bias=True, residual=True))
 
 
-def kernels(out: dict, m: int, reps: int, path: str) -> None:
-    for schedule in SCHEDULES:
+def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues) -> None:
+    for schedule in schedules:
         knobs = {**COMMON, **schedule}
-        for epilogue in EPILOGUES:
+        for epilogue in epilogues:
             real = space.realisation("wgmma", "bfloat16", "k", "k", epilogue, **knobs)
             problem = Problem(m, N, K, "bfloat16", "k", "k", epilogue)
             try:
@@ -70,11 +78,18 @@ def main(argv=None) -> None:
     p.add_argument("--json", required=True)
     p.add_argument("--m", type=int, default=8192)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--schedules", help="indices into SCHEDULES, comma-separated")
+    p.add_argument("--epilogues", help="indices into EPILOGUES, comma-separated")
+    p.add_argument("--no-peers", action="store_true")
     args = p.parse_args(argv)
+
+    def picked(items, indices):
+        return [items[int(i)] for i in indices.split(",")] if indices else list(items)
     driver.use_primary_context()
     out = {"problem": f"{args.m}x{N}x{K} bfloat16 kk", "aicg": [], "peers": []}
-    kernels(out, args.m, args.reps, args.json)
-    peers(out, args.m, args.reps, args.json)
+    kernels(out, args.m, args.reps, args.json, picked(SCHEDULES, args.schedules), picked(EPILOGUES, args.epilogues))
+    if not args.no_peers:
+        peers(out, args.m, args.reps, args.json)
 
 
 if __name__ == "__main__":
