@@ -66,6 +66,12 @@ class FakeDriver:
             def free(self):
                 pass
 
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.free()
+
         driver = self
 
         class Kernel:
@@ -80,7 +86,14 @@ class FakeDriver:
             def unload(self):
                 pass
 
-        self.Buffer, self.Kernel = Buffer, Kernel
+        class EventTimer:
+            """Milliseconds as the launches the timed work made (the kernels take no time here)."""
+            def time(self, work, stream=0):
+                before = driver.launches
+                work()
+                return float(driver.launches - before)
+
+        self.Buffer, self.Kernel, self.EventTimer = Buffer, Kernel, EventTimer
 
     def synchronize(self):
         pass
@@ -222,3 +235,23 @@ def test_a_candidate_summing_columns_in_its_rows_is_checked_only_on_rows_it_hold
     shapes = check.check_shapes(SPACE, candidate, 1.6e-2, 1e-6, (256, 4096))
     assert max(s[1] for s in shapes) == 4096 == space.held_cols(candidate.rows, "bfloat16")
     assert (9, 4096) in shapes and (9, 4096, 4099) in shapes and (256, 4096) in shapes
+
+
+def test_timing_runs_every_launch_of_each_candidate_on_the_same_inputs(monkeypatch):
+    fake = FakeDriver()
+    monkeypatch.setattr(check, "driver", fake)
+    one_pass = SPACE.families["rmsnorm_backward_rows_with_columns"]
+    two_pass, totals = SPACE.families["rmsnorm_backward_rows"], SPACE.families["column_sum_from_rows"]
+    candidates = [Candidate("rmsnorm_backward", "float32", one_pass.name, dict(one_pass.ladder[0].params),
+                            totals.name, dict(totals.ladder[0].params), True),
+                  Candidate("rmsnorm_backward", "float32", two_pass.name, dict(two_pass.ladder[0].params),
+                            "column_sum_two_pass", dict(SPACE.families["column_sum_two_pass"].ladder[0].params))]
+
+    class Device:
+        l2_bytes = 1 << 10
+    kernels = [(json.dumps(c.as_record()).encode(), c) for c in candidates]
+    seconds = check.time_candidates(SPACE, kernels, (300, 2048), 3, Device())
+    assert seconds == [2e-3, 3e-3]          # the rows part and its totals; rows, partials and totals
+    assert fake.launches == (check.TIMING_WARMUP + 3) * (2 + 3)
+    with pytest.raises(ValueError, match="repetitions"):
+        check.time_candidates(SPACE, kernels, (300, 2048), 0, Device())

@@ -152,3 +152,44 @@ def test_the_jit_declines_without_a_snapshot_or_a_legal_family(tmp_path, torch):
     bitwise = aicg.load(make_instance(tmp_path / "b", preservation="bitwise")).backward.jit()
     reason = bitwise.kernel_for("layernorm_backward", "float32", 64, 1000)
     assert reason.startswith("no legal backward family") and "order" in reason
+
+
+def test_where_the_ladder_offers_two_kinds_the_first_of_each_is_timed_and_the_faster_kept(tmp_path, torch, monkeypatch):
+    """The norms' one-pass and two-pass candidates, validated and timed by stand-ins for the GPU:
+    the faster serves, the choice is kept for the shape class and a later process times nothing."""
+    from aicg.backward import check
+    path = make_instance(tmp_path / "instance")
+    validated, timed = [], []
+    monkeypatch.setattr(check, "validate_on_device",
+                        lambda cubin, candidate, hardware, **kw: validated.append(candidate.id) or {"status": "passed"})
+
+    def time_on_device(kernels, hardware, shape, repetitions):
+        timed.append(([c.id for _, c in kernels], tuple(shape)))
+        return [2e-3 if c.partials_in_rows else 1e-3 for _, c in kernels]   # the two-pass form faster here
+    monkeypatch.setattr(check, "time_on_device", time_on_device)
+
+    jit = aicg.load(path).backward.jit()
+    chosen = jit.kernel_for("rmsnorm_backward", "bfloat16", 3000, 4096)
+    (offered, shape), = timed
+    kinds = [jit.candidates("rmsnorm_backward", "bfloat16", 3000, 4096)[0].rows_family, "rmsnorm_backward_rows"]
+    assert [o.split(".")[0] for o in offered] == kinds and validated == offered
+    assert shape == (3000, 4096) and chosen.candidate.id == offered[1] and not chosen.candidate.partials_in_rows
+    assert jit.events[-1]["chosen"] == offered[1] and set(jit.events[-1]["timed"]) == set(offered)
+
+    again = aicg.load(path).backward.jit()     # another process: the choice and the outcomes are kept
+    assert again.kernel_for("rmsnorm_backward", "bfloat16", 3500, 4096).candidate.id == offered[1]
+    assert len(timed) == 1 and len(validated) == 2
+    again.kernel_for("rmsnorm_backward", "bfloat16", 1 << 16, 4096)   # another shape class is timed at its own
+    assert len(timed) == 2 and timed[1][1] == ((1 << 24) // 4096, 4096)
+
+    again.kernel_for("softmax_backward", "bfloat16", 3000, 4096)      # one kind: nothing to time
+    assert len(timed) == 2
+
+
+def test_where_this_gpu_cannot_time_them_the_ladders_first_kind_serves(tmp_path, torch, monkeypatch):
+    from aicg.backward import check
+    monkeypatch.setattr(check, "validate_on_device", lambda *a, **kw: {"status": "passed"})
+    monkeypatch.setattr(check, "time_on_device", lambda *a, **kw: None)
+    jit = aicg.load(make_instance(tmp_path / "instance")).backward.jit()
+    chosen = jit.kernel_for("layernorm_backward", "bfloat16", 3000, 4096)
+    assert chosen.candidate.partials_in_rows and not list((tmp_path / "instance/jit/backward").glob("choice-*"))

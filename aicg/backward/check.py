@@ -25,6 +25,7 @@ from .ops import BACKWARD_OPS, BackwardOp, draw, reference
 from .space import Candidate, Space
 
 WORKSPACE_BYTES = 4      # the row statistics and the partial sums are floats
+TIMING_WARMUP = 2        # launches before a candidate is timed (loads its module, fills the TLBs)
 
 
 class Guarded:
@@ -108,12 +109,9 @@ class Buffers:
         values.update(codegen.column_values(self.space, self.candidate, self.rows))
         return values
 
-    def run(self, kernels: dict, split: int | None = None, poison: bool = True) -> dict[str, np.ndarray]:
-        """Poison the outputs and workspace (unless not `poison`), launch (the rows part in two
-        launches split at row `split`, if given), read the outputs back."""
-        if poison:
-            for b in (*self.outputs.values(), *self.workspace.values()):
-                b.poison()
+    def launch(self, kernels: dict, split: int | None = None) -> None:
+        """Every launch of the candidate, queued: the rows part (in two launches split at row
+        `split`, if given), then the column passes."""
         parts = [(0, self.rows)] if split is None else [(0, split), (split, self.rows - split)]
         for first, count in parts:
             if count > 0:    # a grid of no blocks is an error
@@ -122,6 +120,13 @@ class Buffers:
         values = {**self._values(), "rows": self.rows}
         for launch in codegen.column_launches(self.space, self.candidate, self.rows, self.cols):
             _launch(kernels, launch, values)
+
+    def run(self, kernels: dict, split: int | None = None, poison: bool = True) -> dict[str, np.ndarray]:
+        """Poison the outputs and workspace (unless not `poison`), launch, read the outputs back."""
+        if poison:
+            for b in (*self.outputs.values(), *self.workspace.values()):
+                b.poison()
+        self.launch(kernels, split)
         driver.synchronize()
         for b in self.workspace.values():
             b.read(np.uint8)      # only for its guards
@@ -234,6 +239,38 @@ def run(space: Space, cubin: bytes, candidate: Candidate, *, tolerance, determin
             "device": device.name, "candidate": candidate.id, "checks": checks}
 
 
+def time_candidates(space: Space, kernels: list[tuple[bytes, Candidate]], shape, repetitions: int,
+                    device) -> list[float]:
+    """Median seconds of each (cubin, candidate) of one operator and dtype at `shape`: every launch
+    of it (the rows part and the column passes: the weights' gradients a training step asks for),
+    on one draw of inputs, the L2 cleared by a memset of twice its size before each run."""
+    if repetitions < 1 or not kernels:
+        raise ValueError(f"timing needs repetitions >= 1 and kernels (got {repetitions}, {len(kernels)})")
+    rows, cols = shape
+    op, dtype = BACKWARD_OPS[kernels[0][1].op], DTYPES[kernels[0][1].dtype]
+    inputs = draw(op, dtype, rows, cols, 0, np.random.default_rng())
+    seconds = []
+    with driver.Buffer(2 * device.l2_bytes) as flush:
+        timer = driver.EventTimer()
+        for cubin, candidate in kernels:
+            loaded = load_kernels(cubin, candidate)
+            buffers = Buffers(space, candidate, rows, cols)
+            try:
+                buffers.upload(inputs)
+                for _ in range(TIMING_WARMUP):
+                    buffers.launch(loaded)
+                samples = []
+                for _ in range(repetitions):
+                    flush.fill_byte(0)
+                    samples.append(timer.time(lambda: buffers.launch(loaded)))
+            finally:
+                buffers.free()
+                for kernel in loaded.values():
+                    kernel.unload()
+            seconds.append(float(np.median(samples)) * 1e-3)
+    return seconds
+
+
 def why_failed(report: dict) -> str:
     """What a failed report found first, in a line ("" for a pass)."""
     if report["status"] == "unvalidated":
@@ -283,6 +320,25 @@ def validate_on_device(cubin: bytes, candidate: Candidate, hardware, *, toleranc
         return {"status": "failed", "device": dev.name, "candidate": candidate.id, "fault": reply["fault"],
                 "checks": []}
     return reply["result"]
+
+
+def time_on_device(kernels: list[tuple[bytes, Candidate]], hardware, shape, repetitions: int) -> list[float] | None:
+    """time_candidates() from a worker process; None where this machine's GPU is not the target (or
+    a kernel faulted there), and the caller keeps the ladder's order."""
+    if not_the_target(driver.probe_device(), hardware):
+        return None
+    from ..validate import isolated
+    reply = isolated.worker.call("aicg.backward.check:time_here", kwargs={
+        "kernels": [[cubin, candidate.as_record()] for cubin, candidate in kernels], "shape": list(shape),
+        "repetitions": repetitions})
+    return None if "fault" in reply else reply["result"]
+
+
+def time_here(kernels: list, shape, repetitions: int) -> list[float]:
+    """time_candidates() on this process's GPU with the shipped space (the worker's side of time_on_device)."""
+    from .space import shipped
+    return time_candidates(shipped(), [(bytes(cubin), Candidate.from_record(record)) for cubin, record in kernels],
+                           tuple(shape), repetitions, driver.probe_device())
 
 
 def check_here(cubin: bytes, candidate: dict, tolerance, deterministic: bool, check_shapes, trials: int) -> dict:

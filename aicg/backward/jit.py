@@ -10,9 +10,13 @@ candidates of the ladder that are legal and keep the profile's bound are tried i
 - validated on the device against float64 (aicg/backward/check.py, in a worker process), once per
   GPU, on the build's awkward shapes and the shape that first needed it; the outcome is kept beside
   the cubin, so later processes skip it; one that fails is passed over;
-- the first that passes serves every later call at that row length. Where this machine's GPU is
-  not the target, a kernel stays unvalidated and serves only an instance loaded with
-  allow_unvalidated=True.
+- the first that passes serves every later call at that row length, but where the ladder offers
+  kinds of candidate with families of their own (the norms' gradients in one pass or in two):
+  the first valid candidate of each kind is timed at the shape (in the worker, every launch a
+  training step makes, weights' gradients included) and the fastest serves; the choice is kept per
+  GPU and shape class (jit/backward/choice-<key>.json, with the times), so it is timed once. Where
+  this machine's GPU is not the target, a kernel stays unvalidated and serves only an instance
+  loaded with allow_unvalidated=True, and nothing is timed.
 
 With a signing key (aicg/trust.py) every record is signed beside it, and one without a good
 signature is made again. Every compilation and validation is reported with its time (`events`,
@@ -25,7 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import jit_cache
+from .. import digest, jit_cache
+from ..runtime.jit import rows_class
 from . import build, check
 from . import space as space_mod
 from .space import Candidate, Decision, Space
@@ -33,6 +38,13 @@ from .space import Candidate, Decision, Space
 log = logging.getLogger("aicg.jit")
 
 VALIDATION_ROWS = 256   # rows of the shape that first needed a kernel, checked beside the awkward shapes
+TIMED_KINDS = 2         # kinds of candidate (the norms' one-pass and two-pass forms) timed before one serves
+TIMED_ELEMENTS = 1 << 24   # at most this many elements a timed matrix: the worker draws and uploads them
+
+
+def kind(candidate: Candidate) -> tuple:
+    """Candidates of one kind share their families; their rungs differ only in parameters."""
+    return candidate.rows_family, candidate.columns_family
 
 
 @dataclass(frozen=True)
@@ -80,11 +92,52 @@ class BackwardJit:
                                                   self.planning.rules.rounding.failure_probability, rows, cols,
                                                   self._max_cluster_blocks())
         rejected = list(passed_over)
+        choice_path = self._choice_path(op, dtype, rows, cols, found)
+        choice = self.cache.read_record(choice_path)
+        if choice is not None:     # timed here before: that candidate first, nothing timed again
+            found = sorted(found, key=lambda c: c.id != choice.get("candidate"))
+        firsts: list[Chosen] = []   # the first usable candidate of each kind
         for candidate in found:
+            if any(kind(c.candidate) == kind(candidate) for c in firsts):
+                continue
             chosen = self.kernels_of(candidate, rows, cols, rejected)
-            if chosen is not None:    # kernels, or why this machine can validate none of them
-                return chosen
-        return "every candidate was passed over: " + ("; ".join(rejected) or "none serves these rows")
+            if chosen is None:
+                continue
+            if isinstance(chosen, str):     # why this machine can validate none of them
+                return firsts[0] if firsts else chosen
+            firsts.append(chosen)
+            if choice is not None or chosen.validation != "passed" or len(firsts) == TIMED_KINDS:
+                break
+        if not firsts:
+            return "every candidate was passed over: " + ("; ".join(rejected) or "none serves these rows")
+        return firsts[0] if len(firsts) == 1 else self._fastest(firsts, rows, cols, choice_path)
+
+    def _fastest(self, chosen: list[Chosen], rows: int, cols: int, choice_path: Path) -> Chosen:
+        """The fastest of `chosen` timed at the shape (rows cut to TIMED_ELEMENTS), kept as the
+        choice for the shape class; the first where this GPU cannot time them."""
+        began = time.perf_counter()
+        timed_shape = (max(1, min(rows, TIMED_ELEMENTS // cols)), cols)
+        seconds = check.time_on_device([(c.cubin, c.candidate) for c in chosen], self.planning.hardware,
+                                       timed_shape, self.planning.prof.timing_repetitions)
+        if seconds is None:
+            return chosen[0]
+        timed = {c.candidate.id: s for c, s in zip(chosen, seconds)}
+        fastest = min(chosen, key=lambda c: timed[c.candidate.id])
+        self.cache.write_record(choice_path, {"candidate": fastest.candidate.id, "timed": timed})
+        first = chosen[0].candidate
+        self.events.append({"op": first.op, "dtype": first.dtype, "shape": [rows, cols],
+                            "timed_shape": list(timed_shape), "chosen": fastest.candidate.id, "timed": timed,
+                            "seconds": time.perf_counter() - began})
+        log.info("aicg: timed %s at %dx%d in %.2f s: %s", ", ".join(timed), *timed_shape,
+                 self.events[-1]["seconds"], fastest.candidate.id)
+        return fastest
+
+    def _choice_path(self, op: str, dtype: str, rows: int, cols: int, found: list[Candidate]) -> Path:
+        """Where the timed choice for a shape class lives: keyed by the GPU and what the ladder
+        offered, so a changed ladder or rule set times again."""
+        key = digest.of_value({"op": op, "dtype": dtype, "shape": [rows_class(rows), cols],
+                               "gpu": self.planning.hardware.name, "offered": [c.id for c in found]})
+        return self.cache_dir / f"choice-{key}.json"
 
     def candidates(self, op: str, dtype: str, rows: int, cols: int) -> list[Candidate]:
         """The legal candidates keeping the bound at the shape, in the order kernel_for tries them."""
