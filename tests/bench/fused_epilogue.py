@@ -8,7 +8,11 @@ read, the median).
     python tests/bench/fused_epilogue.py --json fused.json [--m 8192] [--reps 20] [--schedules 0,5]
 
 --schedules picks schedules by their index in SCHEDULES (default: all), --epilogues likewise in
-EPILOGUES, and --no-peers leaves the peers out.
+EPILOGUES, and --no-peers leaves the peers out. --profile launches each validated kernel once more
+between cuProfilerStart and cuProfilerStop, for Nsight Compute to look at that launch alone:
+
+    ncu --profile-from-start off -k regex:aicg --section WarpStateStats --section ComputeWorkloadAnalysis \
+        python tests/bench/fused_epilogue.py --json f.json --schedules 0 --epilogues 0,2,3 --no-peers --profile
 """
 from __future__ import annotations
 
@@ -42,7 +46,17 @@ EPILOGUES = (Epilogue(), Epilogue(bias=True), Epilogue(bias=True, residual=True)
              Epilogue("gelu_erf", bias=True, residual=True), Epilogue("gelu_tanh", bias=True, residual=True))
 
 
-def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues) -> None:
+def profiled_launch(real, cubin: bytes, problem: Problem) -> None:
+    """One more launch of a validated kernel, alone between cuProfilerStart and cuProfilerStop."""
+    from cuda.bindings import driver as cu
+    cu.cuProfilerStart()
+    try:
+        worker.run_case(real.as_dict(), cubin, problem.as_dict(), validate=False, repetitions=1)
+    finally:
+        cu.cuProfilerStop()
+
+
+def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profile: bool = False) -> None:
     for schedule in schedules:
         knobs = {**COMMON, **schedule}
         for epilogue in epilogues:
@@ -55,6 +69,8 @@ def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues) -> No
                 out["aicg"].append({"realisation": real.name, "error": repr(err)[:500]})
             else:
                 timing = r.get("timing", {})
+                if profile and r.get("validation", {}).get("status") == "passed":
+                    profiled_launch(real, cubin, problem)
                 out["aicg"].append({"realisation": real.name, "validation": r.get("validation", {}).get("status"),
                                     "us": timing.get("median_seconds", 0) * 1e6, "tflops": timing.get("tflops")})
             print(out["aicg"][-1], flush=True)
@@ -81,13 +97,15 @@ def main(argv=None) -> None:
     p.add_argument("--schedules", help="indices into SCHEDULES, comma-separated")
     p.add_argument("--epilogues", help="indices into EPILOGUES, comma-separated")
     p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--profile", action="store_true", help="one launch of each valid kernel for a profiler")
     args = p.parse_args(argv)
 
     def picked(items, indices):
         return [items[int(i)] for i in indices.split(",")] if indices else list(items)
     driver.use_primary_context()
     out = {"problem": f"{args.m}x{N}x{K} bfloat16 kk", "aicg": [], "peers": []}
-    kernels(out, args.m, args.reps, args.json, picked(SCHEDULES, args.schedules), picked(EPILOGUES, args.epilogues))
+    kernels(out, args.m, args.reps, args.json, picked(SCHEDULES, args.schedules), picked(EPILOGUES, args.epilogues),
+            args.profile)
     if not args.no_peers:
         peers(out, args.m, args.reps, args.json)
 
