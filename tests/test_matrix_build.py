@@ -40,6 +40,8 @@ SAMPLE = [
     ("wgmma", "bfloat16", "k", "k", FUSED, 2),              # cluster, K-major B halves multicast
     ("wgmma", "bfloat16", "k", "mn", Epilogue(), 3),        # N = 192
     ("wgmma", "float16", "k", "k", Epilogue(), 6),          # N = 64
+    ("wgmma", "bfloat16", "k", "k", FUSED, 22),             # N = 32, a 4-CTA cluster along N sharing A
+    ("wgmma", "bfloat16", "mn", "k", Epilogue(), 24),       # a 2-CTA cluster along N, A boxes multicast
     ("mma", "bfloat16", "k", "k", Epilogue(), 0),
     ("mma", "float16", "k", "mn", GELU_T, 1),
     ("mma", "bfloat16", "mn", "k", SILU_R, 2),
@@ -130,8 +132,10 @@ def test_wgmma_sass_has_the_hopper_pipeline(case, sass):
     assert ops["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and ops["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1
     a_copies = 1 if real.a_major == "k" else k["block_m"] // 64
     b_copies = 1 if real.b_major == "k" else k["block_n"] // 64
-    if k["cluster_m"] == 1:
+    if k["cluster_m"] == k["cluster_n"] == 1:
         assert ops["UTMALDG.2D"] == a_copies + b_copies and ops["UTMALDG.2D.MULTICAST"] == 0
+    elif k["cluster_n"] > 1:      # A's shares multicast, B's slice this CTA's own
+        assert ops["UTMALDG.2D"] == b_copies and ops["UTMALDG.2D.MULTICAST"] >= 1
     else:
         assert ops["UTMALDG.2D"] == a_copies and ops["UTMALDG.2D.MULTICAST"] >= 1
     assert count(ops, "LDL") == 0 and count(ops, "STL") == 0

@@ -452,8 +452,12 @@ def test_validations_in_the_store_make_the_matrix_kernels_valid_and_the_fastest_
     plain = kernels.classes[("bfloat16", "k", "k", Epilogue())]
     assert plain.rtol == prof.preservation.tolerance["bfloat16"][0]
     assert manifest["matrix"]["model_inputs"] == prior.values(prior.inputs(hardware("h100-sxm")))
-    kernel, _ = plain.choose(Problem(300, 4096, 4096), {"a": 1 << 20, "b": 1 << 20, "c": 1 << 30})
-    assert kernel.candidate in plain.usable and kernel.candidate == plain.ranked(Problem(300, 4096, 4096))[0]
+    pointers = {"a": 1 << 20, "b": 1 << 20, "c": 1 << 30}
+    kernel, why = plain.choose(Problem(300, 4096, 4096), pointers)
+    ranked = plain.ranked(Problem(300, 4096, 4096))
+    passed_over = ranked[:ranked.index(kernel.candidate)]   # estimated faster, but unable to take 300 rows
+    assert kernel.candidate in plain.usable and kernel.realisation.template == "wgmma"
+    assert all(c.startswith("matmul.gemv.") for c in passed_over) and len(why) == len(passed_over)
 
 
 def test_a_machine_without_a_gpu_takes_the_matrix_validations_from_the_record(validated, tmp_path):

@@ -200,6 +200,40 @@ def test_wgmma_needs_exactly_hopper_and_whole_box_shares(hopper, ampere):
     assert any("compute capability 9.0 only" in v for v in RULES["wgmma"].violations(k_major, ampere))
 
 
+def test_a_cluster_along_n_shares_a_and_pads_the_tile_columns(hopper):
+    """Four CTAs on horizontally adjacent tiles: each copies a quarter of A's slice to all four (its
+    tensor map's box a quarter of the tile's rows), the tile columns are padded to whole clusters
+    (their results never stored), and the launch is whole clusters of four."""
+    from aicg.matrix import tensormap
+    rules = RULES["wgmma"]
+    real = wgmma(block_m=128, block_n=48, stages=8, cluster_n=4)
+    assert rules.violations(real, hopper) == [] and rules.cluster(real) == 4
+    assert real.name == "wgmma.bf16.kk.bm128_bn48_c1_cn4_g8_rm_coop_k1_s8_direct.plain"
+    assert rules.template_arguments(real)[12:] == ["aicg::matrix::SCHEDULE_COOPERATIVE", "aicg::matrix::STORE_DIRECT",
+                                                  "1", "4"]
+    problem = Problem(128, 6000, 4096)           # 125 tiles of 48 columns, 128 once padded to clusters
+    work = rules.work(real, problem)
+    assert (work.tiles_m, work.tiles_n, work.units) == (1, 128, 128)
+    geometry = rules.geometry(real, problem, 132, None)
+    assert geometry.grid == (128, 1, 1) and geometry.cluster == 4
+    assert tensormap.spec(real, problem, "a").box == (64, 32) and tensormap.spec(real, problem, "b").box == (64, 48)
+    # a realisation from before the knob reads as unclustered along N, under its old name
+    old = space.Realisation.from_dict({**wgmma().as_dict(), "knobs": dict(space.templates()["wgmma"].tried[0])})
+    assert old.knob("cluster_n") == 1 and "_cn" not in old.name
+
+
+@pytest.mark.parametrize("knobs, a, b, message", [
+    (dict(cluster_m=2, cluster_n=2), "k", "k", "along M or along N, not both"),
+    (dict(block_m=64, schedule="pingpong", cluster_n=4, block_n=64, stages=4), "mn", "k",
+     "1 boxes of A do not split over 4 CTAs"),
+    (dict(block_n=48, store="staged"), "k", "k", "whole 128-byte lines: 48 columns"),
+    (dict(block_n=96), "k", "mn", "boxes of 64 columns, not 96"),
+])
+def test_what_a_narrow_band_or_a_cluster_along_n_cannot_be(knobs, a, b, message, hopper):
+    found = RULES["wgmma"].violations(wgmma(a, b, **knobs), hopper)
+    assert any(message in v for v in found), found
+
+
 def test_mma_constraints(hopper, ada):
     rules = RULES["mma"]
     reals = legal("mma", hopper, block_k=32, aligned=True, raster="m", group=8, stages=3)
@@ -243,7 +277,7 @@ def test_gemv_ring_trades_registers_for_shared_memory(hopper, ada):
 
 def test_legal_space_sizes(hopper):
     """The space the opt-in full compile covers (tests/test_matrix_build.py): every legal knob setting."""
-    assert 3000 < len(legal("wgmma", hopper)) < 6000
+    assert 12000 < len(legal("wgmma", hopper)) < 24000
     assert 50 < len(legal("mma", hopper)) < 1500
     assert 3 * 40 < len(legal("gemv", hopper)) <= 3 * 72    # each setting with every spread
 

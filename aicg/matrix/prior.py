@@ -15,7 +15,7 @@ A tiled realisation (wgmma, mma) takes the longest of:
             warp's tile reuses its operands (mma.sync) and by whether the
             copies are asynchronous
   L2        every tile's A and B slices, (block_m + block_n) x K, read from L2
-            (B shared by a cluster counts once a cluster)
+            (an operand a cluster shares counts once a cluster: B along M, A along N)
   DRAM      A, B and C (and the residual) once, at the bandwidth the bytes in
             flight (stages x slice bytes x resident CTAs) reach
 plus a split-K reduction's partial sums written and read back, and a launch.
@@ -44,7 +44,7 @@ from .templates import RULES
 
 # Knobs each template's model reads; the others are ranked by the space's `tried` order.
 MODELLED_KNOBS = {
-    "wgmma": ("block_m", "block_n", "stages", "cluster_m", "split_k"),
+    "wgmma": ("block_m", "block_n", "stages", "cluster_m", "cluster_n", "split_k"),
     "mma": ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "aligned"),
     "gemv": ("warps", "tiles", "unroll"),
 }
@@ -161,7 +161,8 @@ def _io_bytes(problem: Problem) -> float:
 def _wgmma(real: Realisation, p: Problem, hw: dict) -> Terms:
     k = _knobs(real)
     rules = RULES["wgmma"]
-    bm, bn, cluster = k["block_m"], k["block_n"], k.get("cluster_m", 1)
+    bm, bn, along_m, along_n = k["block_m"], k["block_n"], k.get("cluster_m", 1), k.get("cluster_n", 1)
+    cluster = along_m * along_n
     work = rules.work(real, p) if hasattr(rules, "work") else None
     tiles = work.tiles if work else -(-p.m // bm) * -(-p.n // bn)
     splits = work.splits if work else 1
@@ -172,7 +173,7 @@ def _wgmma(real: Realisation, p: Problem, hw: dict) -> Terms:
     per_sm = hw[f"wgmma_flops.{p.dtype}"] / hw["sm_count"]
     coverage = _coverage(k["stages"], 2.0 * bm * bn * 64 / per_sm, hw["tma_latency_seconds"])
     compute = waves * 2.0 * bm * bn * 64 * -(-k_blocks // splits) / (per_sm * coverage)
-    slice_bytes = (bm + bn / cluster) * 64 * 2
+    slice_bytes = (bm / along_n + bn / along_m) * 64 * 2
     l2 = tiles * k_blocks * slice_bytes / hw["l2_read_bandwidth"]
     in_flight = k["stages"] * (bm + bn) * 64 * 2 * min(1.0, units / hw["sm_count"])
     dram = _io_bytes(p) / (hw["dram_read_bandwidth"] * _fill(in_flight, hw["tma_bytes_in_flight"]))

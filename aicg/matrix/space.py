@@ -111,7 +111,7 @@ class Realisation:
 
 
 # Knob names as realisation names spell them (a word-valued knob needs none: its value says it).
-ABBREVIATIONS = {"block_m": "bm", "block_n": "bn", "block_k": "bk", "stages": "s", "cluster_m": "c", "raster": "r",
+ABBREVIATIONS = {"block_m": "bm", "block_n": "bn", "block_k": "bk", "stages": "s", "cluster_m": "c", "cluster_n": "cn", "raster": "r",
                  "group": "g", "warps_m": "wm", "warps_n": "wn", "aligned": "al", "warps": "w", "tiles": "t",
                  "unroll": "u", "schedule": "", "store": "", "split_k": "k", "ring": "rg", "spread": ""}
 VALUE_ABBREVIATIONS = {"cooperative": "coop"}
@@ -157,19 +157,21 @@ def templates(path: Path = SPACE_FILE) -> dict[str, Template]:
                 raise knobs_table.error(knob, "a non-empty array of values of one type", values)
             knobs[knob] = tuple(values)
         knobs_table.done()
-        tried = []
-        for i, setting in enumerate(table.get("tried", list, default=[])):
-            if not isinstance(setting, dict) or set(setting) != set(knobs) or \
-                    any(setting[k] not in knobs[k] for k in knobs):
-                raise table.error(f"tried[{i}]", f"a value for each knob ({', '.join(knobs)}) from its domain",
-                                  setting)
-            tried.append(dict(setting))
         earlier_table, earlier = table.table("earlier", default={}), {}
         for knob in earlier_table.keys():
             if knob not in knobs:
                 raise earlier_table.error(knob, f"a knob of the template ({', '.join(knobs)})", knob)
             earlier[knob] = earlier_table.get(knob, type(knobs[knob][0]), choices=set(knobs[knob]))
         earlier_table.done()
+        tried = []
+        for i, setting in enumerate(table.get("tried", list, default=[])):
+            # a knob added later may be left out: the settings tried before it keep its earlier value
+            setting = {**earlier, **setting} if isinstance(setting, dict) else setting
+            if not isinstance(setting, dict) or set(setting) != set(knobs) or \
+                    any(setting[k] not in knobs[k] for k in knobs):
+                raise table.error(f"tried[{i}]", f"a value for each knob ({', '.join(knobs)}) from its domain "
+                                  f"(those of [earlier] may be left out)", setting)
+            tried.append(setting)
         found[name] = Template(name, table.get("header", str), table.get("function", str), (cc[0], cc[1]),
                                table.get("exact_compute_capability", bool),
                                tuple(table.get("a_layouts", list, item=str)),

@@ -55,7 +55,7 @@ def spec(real: Realisation, problem: Problem, operand: str) -> TensorMapSpec:
         raise ValueError(f"{real.template} realisations take no tensor maps")
     k = real.settings
     if operand == "a":
-        major, ld, outer_tile = problem.a_major, problem.lda, k["block_m"]
+        major, ld, outer_tile = problem.a_major, problem.lda, k["block_m"] // k.get("cluster_n", 1)
         rows, cols = problem.a_stored
     elif operand == "b":
         major, ld, outer_tile = problem.b_major, problem.ldb, k["block_n"] // k["cluster_m"]
@@ -67,7 +67,7 @@ def spec(real: Realisation, problem: Problem, operand: str) -> TensorMapSpec:
 
 
 def stage_bytes(real: Realisation) -> int:
-    """Bytes one stage's copies deliver to each CTA: A's tile slice and all of B's (shared or not)."""
+    """Bytes one stage's copies deliver to each CTA: all of A's and B's tile slices (shared or not)."""
     k = real.settings
     return (k["block_m"] + k["block_n"]) * SWIZZLE_ROW * ELEMENT_BYTES
 

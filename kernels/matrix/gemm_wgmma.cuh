@@ -27,6 +27,10 @@
 //   clusters (CLUSTER_M = 2)     two CTAs on vertically adjacent tiles share
 //                                the B slice: each copies half of it to both
 //                                (TMA multicast)
+//   clusters (CLUSTER_N = 2, 4)  CTAs on horizontally adjacent tiles share the
+//                                A slice the same way: where M is small and
+//                                each CTA streams a narrow band of a wide B,
+//                                A's copies would otherwise outweigh B's
 //   epilogue                     bias, activation, residual, rounding, and the
 //                                stores: STORE_DIRECT from the accumulator
 //                                fragments (epilogue.cuh), STORE_STAGED through
@@ -61,7 +65,7 @@ enum Schedule { SCHEDULE_COOPERATIVE = 0, SCHEDULE_PINGPONG = 1 };
 enum Store { STORE_DIRECT = 0, STORE_STAGED = 1 };
 
 template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR,
-          int SCHEDULE = SCHEDULE_COOPERATIVE>
+          int SCHEDULE = SCHEDULE_COOPERATIVE, int CLUSTER_N = 1>
 struct WgmmaTile {
   static constexpr int BK = 64;
   static constexpr int CONSUMERS = 2;
@@ -75,9 +79,11 @@ struct WgmmaTile {
   static constexpr unsigned B_BYTES = BN * BK * 2;
   static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr unsigned RING_BYTES = STAGES * STAGE_BYTES;
+  static constexpr int CLUSTER = CLUSTER_M * CLUSTER_N;       // CTAs a cluster, along M or along N
   static constexpr unsigned B_SHARE_ROWS = BN / CLUSTER_M;   // K-major B rows each CTA of a cluster copies
+  static constexpr unsigned A_SHARE_ROWS = BM / CLUSTER_N;   // K-major A rows each CTA of a cluster copies
   // Arrivals that free a slot: each consumer that reads it, in every CTA its copies fill.
-  static constexpr unsigned EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMERS) * CLUSTER_M;
+  static constexpr unsigned EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMERS) * CLUSTER;
   // 384 threads with a launch bound of one block start at 168 registers each
   // (65536 / 384, rounded down to 8): the producer gives 128 of its threads'
   // down to 40, the consumers take them up to 232 (128 x 40 + 256 x 232 = 384 x 168).
@@ -88,10 +94,18 @@ struct WgmmaTile {
   static_assert(SCHEDULE == SCHEDULE_COOPERATIVE || SCHEDULE == SCHEDULE_PINGPONG, "a known schedule");
   static_assert(PINGPONG ? (BM == 64 || BM == 128 || BM == 256) : (BM == 128 || BM == 256),
                 "consumers of whole m64 row blocks (cooperative: BM/2 rows each, pingpong: BM rows)");
-  static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "wgmma widths instantiated in wgmma_ops.cuh");
+  static_assert(BN == 32 || BN == 48 || BN == 64 || BN == 96 || BN == 128 || BN == 192 || BN == 256,
+                "wgmma widths instantiated in wgmma_ops.cuh");
+  static_assert(B_MAJOR == K_MAJOR || BN % 64 == 0, "an MN-major B slice is whole boxes of 64 columns");
   static_assert(M_ATOMS * ACC <= 128, "accumulators beyond 128 a thread leave no registers to work with");
   static_assert(STAGES >= 2, "a ring of one slot cannot overlap copies with math");
   static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(CLUSTER_N == 1 || CLUSTER_N == 2 || CLUSTER_N == 4, "clusters of 1, 2 or 4 CTAs along N");
+  static_assert(CLUSTER_M == 1 || CLUSTER_N == 1, "a cluster lies along M or along N");
+  static_assert(CLUSTER_N == 1 || A_MAJOR == MN_MAJOR || A_SHARE_ROWS % 8 == 0,
+                "each CTA's share of a K-major A slice is whole 8-row swizzle groups");
+  static_assert(CLUSTER_N == 1 || A_MAJOR == K_MAJOR || (BM / 64) % CLUSTER_N == 0,
+                "each CTA copies the same number of 64-wide A boxes");
   static_assert(CLUSTER_M == 1 || B_MAJOR == MN_MAJOR || B_SHARE_ROWS % 8 == 0,
                 "each CTA's share of a K-major B slice is whole 8-row swizzle groups");
   static_assert(CLUSTER_M == 1 || B_MAJOR == K_MAJOR || (BN / 64) % CLUSTER_M == 0,
@@ -113,26 +127,37 @@ struct WgmmaTile {
       return matrix_descriptor(b + ks * 16 * SWIZZLE_ROW_BYTES, MN_BOX_BYTES, SWIZZLE_ATOM_BYTES);
   }
 
-  // The copies of one stage (producer thread): A's BM x 64 slice of its own
-  // tile, and B's BN x 64 slice (this CTA's share of it, to every CTA of the
-  // cluster). `a_row` and `b_col` are the tile's first row and column.
+  // The copies of one stage (producer thread): A's BM x 64 slice and B's
+  // BN x 64 slice of its own tile, where a cluster shares one of them this
+  // CTA's share of it, to every CTA of the cluster. `a_row` and `b_col` are
+  // the tile's first row and column.
   static __device__ __forceinline__ void load_stage(const TmaDescriptor* a_map, const TmaDescriptor* b_map, unsigned a,
                                                     unsigned full, int a_row, int b_col, int k0, int m, int n,
                                                     unsigned rank) {
     const unsigned b = a + A_BYTES;
+    constexpr unsigned everyone = (1u << CLUSTER) - 1;
     if constexpr (A_MAJOR == K_MAJOR) {
-      tma_load_2d(a, a_map, k0, box_start(a_row, m, BM), full);
+      if constexpr (CLUSTER_N == 1)
+        tma_load_2d(a, a_map, k0, box_start(a_row, m, BM), full);
+      else
+        tma_load_2d_multicast(a + rank * A_SHARE_ROWS * SWIZZLE_ROW_BYTES, a_map, k0,
+                              box_start(a_row + rank * A_SHARE_ROWS, m, A_SHARE_ROWS), full, everyone);
     } else {
 #pragma unroll
-      for (int j = 0; j < BM / 64; ++j)
-        tma_load_2d(a + j * MN_BOX_BYTES, a_map, box_start(a_row + 64 * j, m, 64), k0, full);
+      for (int j = 0; j < BM / 64; ++j) {
+        const int row = box_start(a_row + 64 * j, m, 64);
+        if constexpr (CLUSTER_N == 1)
+          tma_load_2d(a + j * MN_BOX_BYTES, a_map, row, k0, full);
+        else if (j % CLUSTER_N == rank)
+          tma_load_2d_multicast(a + j * MN_BOX_BYTES, a_map, row, k0, full, everyone);
+      }
     }
     if constexpr (B_MAJOR == K_MAJOR) {
       if constexpr (CLUSTER_M == 1) {
-        tma_load_2d(b, b_map, k0, b_col, full);
+        tma_load_2d(b, b_map, k0, box_start(b_col, n, BN), full);
       } else {
         tma_load_2d_multicast(b + rank * B_SHARE_ROWS * SWIZZLE_ROW_BYTES, b_map, k0,
-                              box_start(b_col + rank * B_SHARE_ROWS, n, B_SHARE_ROWS), full, (1u << CLUSTER_M) - 1);
+                              box_start(b_col + rank * B_SHARE_ROWS, n, B_SHARE_ROWS), full, everyone);
       }
     } else {
 #pragma unroll
@@ -141,7 +166,7 @@ struct WgmmaTile {
         if constexpr (CLUSTER_M == 1)
           tma_load_2d(b + j * MN_BOX_BYTES, b_map, col, k0, full);
         else if (j % CLUSTER_M == rank)
-          tma_load_2d_multicast(b + j * MN_BOX_BYTES, b_map, col, k0, full, (1u << CLUSTER_M) - 1);
+          tma_load_2d_multicast(b + j * MN_BOX_BYTES, b_map, col, k0, full, everyone);
       }
     }
   }
@@ -150,10 +175,10 @@ struct WgmmaTile {
   // barrier in every CTA that the slot's copies fill.
   static __device__ __forceinline__ void release(unsigned empty) {
     const unsigned thread = threadIdx.x % 128;
-    if constexpr (CLUSTER_M == 1) {
+    if constexpr (CLUSTER == 1) {
       if (thread == 0) barrier_arrive(empty);
     } else {
-      if (thread < CLUSTER_M) barrier_arrive_cluster(empty, thread);
+      if (thread < CLUSTER) barrier_arrive_cluster(empty, thread);
     }
   }
 };
@@ -180,32 +205,34 @@ struct RingPosition {
   }
 };
 
-// The launch's units: output tiles (for clusters, pairs of vertically
-// adjacent tiles) in grouped order, each cut into `splits` consecutive K
-// ranges of whole 64-wide slices. The host computes the same numbers
-// (aicg/matrix/templates/wgmma.py: units, splits).
-template <int BM, int BN, int CLUSTER_M, int RASTER, int GROUP, int SPLIT_K>
+// The launch's units: output tiles (for clusters, runs of CLUSTER_M
+// vertically or CLUSTER_N horizontally adjacent tiles) in grouped order, each
+// cut into `splits` consecutive K ranges of whole 64-wide slices. The host
+// computes the same numbers (aicg/matrix/templates/wgmma.py: Work).
+template <int BM, int BN, int CLUSTER_M, int RASTER, int GROUP, int SPLIT_K, int CLUSTER_N = 1>
 struct WgmmaWork {
-  int pair_rows, tiles_n, k_blocks, splits, per_split, total;
+  int pair_rows, pair_cols, tiles_n, k_blocks, splits, per_split, total;
 
   __device__ __forceinline__ WgmmaWork(int m, int n, int k) {
     const int tiles_m = (m + BM - 1) / BM;
     pair_rows = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;   // a cluster takes CLUSTER_M tiles down M
-    tiles_n = (n + BN - 1) / BN;
+    pair_cols = ((n + BN - 1) / BN + CLUSTER_N - 1) / CLUSTER_N;   // or CLUSTER_N across N
+    tiles_n = pair_cols * CLUSTER_N;                     // padded to whole clusters
     k_blocks = (k + 63) / 64;
     // at most SPLIT_K parts, none empty: every split holds at least one slice
     per_split = (k_blocks + min(SPLIT_K, k_blocks) - 1) / min(SPLIT_K, k_blocks);
     splits = (k_blocks + per_split - 1) / per_split;
-    total = pair_rows * tiles_n * splits;
+    total = pair_rows * pair_cols * splits;
   }
 
-  // Unit u: the tile (tm already this CTA's row of its cluster), its split,
-  // and that split's K slices [kb0, kb1).
+  // Unit u: the tile (already this CTA's of its cluster), its split, and
+  // that split's K slices [kb0, kb1).
   __device__ __forceinline__ void unit(int u, unsigned rank, int& tm, int& tn, int& split, int& kb0, int& kb1) const {
     const int t = u / splits;
     split = u - t * splits;
-    tile_of<RASTER, GROUP>(t, pair_rows, tiles_n, tm, tn);
-    tm = tm * CLUSTER_M + rank;
+    tile_of<RASTER, GROUP>(t, pair_rows, pair_cols, tm, tn);
+    tm = tm * CLUSTER_M + (CLUSTER_M > 1 ? rank : 0);
+    tn = tn * CLUSTER_N + (CLUSTER_N > 1 ? rank : 0);
     kb0 = split * per_split;
     kb1 = min(k_blocks, kb0 + per_split);
   }
@@ -213,14 +240,17 @@ struct WgmmaWork {
 
 template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR, int RASTER, int GROUP,
           int ACT, bool BIAS, bool RESIDUAL, int SCHEDULE = SCHEDULE_COOPERATIVE, int STORE = STORE_DIRECT,
-          int SPLIT_K = 1>
+          int SPLIT_K = 1, int CLUSTER_N = 1>
 __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const TmaDescriptor* b_map, T* c, int ldc,
                                            const T* bias, const T* residual, int ldr, int m, int n, int k,
                                            float* workspace, unsigned* tickets) {
-  using Tile = WgmmaTile<T, BM, BN, STAGES, CLUSTER_M, A_MAJOR, B_MAJOR, SCHEDULE>;
-  using Work = WgmmaWork<BM, BN, CLUSTER_M, RASTER, GROUP, SPLIT_K>;
-  using Staged = StagedEpilogue<T, Tile::WG_M, BN, ACT, BIAS, RESIDUAL>;
+  using Tile = WgmmaTile<T, BM, BN, STAGES, CLUSTER_M, A_MAJOR, B_MAJOR, SCHEDULE, CLUSTER_N>;
+  using Work = WgmmaWork<BM, BN, CLUSTER_M, RASTER, GROUP, SPLIT_K, CLUSTER_N>;
+  constexpr int CLUSTER = Tile::CLUSTER;
+  // (a direct store builds no staged epilogue, but the type must exist: any width it takes will do)
+  using Staged = StagedEpilogue<T, Tile::WG_M, STORE == STORE_STAGED ? BN : 64, ACT, BIAS, RESIDUAL>;
   static_assert(STORE == STORE_DIRECT || STORE == STORE_STAGED, "a known store");
+  static_assert(STORE == STORE_DIRECT || BN % 64 == 0, "a staged block's rows are whole 128-byte lines");
   static_assert(SPLIT_K >= 1, "at least one part of K a tile");
   extern __shared__ __align__(128) unsigned char matrix_shared[];
   __shared__ __align__(8) unsigned long long full_barriers[STAGES], empty_barriers[STAGES];
@@ -248,14 +278,14 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
     }
     barrier_init_fence();
   }
-  if constexpr (CLUSTER_M > 1)
+  if constexpr (CLUSTER > 1)
     cluster_sync();   // a peer's copies and arrivals may target these barriers from now on
   else
     __syncthreads();
 
   const Work work(m, n, k);
-  const int first = blockIdx.x / CLUSTER_M, step = gridDim.x / CLUSTER_M;
-  const unsigned rank = CLUSTER_M > 1 ? cluster_rank() : 0;
+  const int first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
+  const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0;
 
   if (warpgroup == 0) {
     registers_release<Tile::PRODUCER_REGISTERS>();
@@ -364,7 +394,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       }
     }
   }
-  if constexpr (CLUSTER_M > 1) cluster_sync();   // no CTA leaves while a peer may still signal its barriers
+  if constexpr (CLUSTER > 1) cluster_sync();   // no CTA leaves while a peer may still signal its barriers
 }
 
 }  // namespace matrix

@@ -20,16 +20,16 @@ MAX_WORKSPACE_BYTES = 1 << 30
 SCHEDULE_CONSTANTS = {"cooperative": "aicg::matrix::SCHEDULE_COOPERATIVE",
                       "pingpong": "aicg::matrix::SCHEDULE_PINGPONG"}
 STORE_CONSTANTS = {"direct": "aicg::matrix::STORE_DIRECT", "staged": "aicg::matrix::STORE_STAGED"}
-# The kernel template's defaults for its last parameters (schedule, store, split_k): a realisation
-# that keeps them is instantiated without them.
-TRAILING_DEFAULTS = (("schedule", "cooperative"), ("store", "direct"), ("split_k", 1))
+# The kernel template's defaults for its last parameters (schedule, store, split_k, cluster_n): a
+# realisation that keeps them is instantiated without them.
+TRAILING_DEFAULTS = (("schedule", "cooperative"), ("store", "direct"), ("split_k", 1), ("cluster_n", 1))
 
 
 @dataclass(frozen=True)
 class Work:
     """A launch's units of work, as WgmmaWork in the header counts them."""
-    tiles_m: int          # tile rows, padded to whole clusters
-    tiles_n: int
+    tiles_m: int          # tile rows, padded to whole clusters along M
+    tiles_n: int          # tile columns, padded to whole clusters along N
     k_blocks: int
     splits: int           # K ranges a tile is cut into (1: none)
 
@@ -47,6 +47,11 @@ class WgmmaRules(TemplateRules):
 
     def threads(self, real: Realisation) -> int:
         return THREADS
+
+    @staticmethod
+    def cluster(real: Realisation) -> int:
+        """CTAs a cluster: along M (sharing B) or along N (sharing A)."""
+        return real.knob("cluster_m") * real.knob("cluster_n")
 
     def min_blocks(self, real: Realisation) -> int:
         return 1   # setmaxnreg needs the register cap a launch bound of one block gives
@@ -84,6 +89,18 @@ class WgmmaRules(TemplateRules):
             found.append(f"{shared} bytes of shared memory (the GPU allows {limits.shared_optin_bytes} a block)")
         if k["cluster_m"] > 1 and real.b_major == "mn" and (k["block_n"] // 64) % k["cluster_m"]:
             found.append(f"{k['block_n'] // 64} boxes of B do not split over {k['cluster_m']} CTAs")
+        if k["cluster_m"] > 1 and real.b_major == "k" and (k["block_n"] // k["cluster_m"]) % 8:
+            found.append(f"{k['block_n'] // k['cluster_m']}-row shares of B are not whole 8-row swizzle groups")
+        if k["cluster_m"] > 1 and k["cluster_n"] > 1:
+            found.append("a cluster lies along M or along N, not both")
+        if k["cluster_n"] > 1 and real.a_major == "mn" and (k["block_m"] // 64) % k["cluster_n"]:
+            found.append(f"{k['block_m'] // 64} boxes of A do not split over {k['cluster_n']} CTAs")
+        if k["cluster_n"] > 1 and real.a_major == "k" and (k["block_m"] // k["cluster_n"]) % 8:
+            found.append(f"{k['block_m'] // k['cluster_n']}-row shares of A are not whole 8-row swizzle groups")
+        if k["block_n"] % 64 and real.b_major == "mn":
+            found.append(f"an MN-major B slice is boxes of 64 columns, not {k['block_n']}")
+        if k["block_n"] % 64 and k["store"] == "staged":
+            found.append(f"a staged block's rows are whole 128-byte lines: {k['block_n']} columns are not")
         return found
 
     def template_arguments(self, real: Realisation) -> list[str]:
@@ -91,7 +108,8 @@ class WgmmaRules(TemplateRules):
         found = [CTYPES[real.dtype], str(k["block_m"]), str(k["block_n"]), str(k["stages"]), str(k["cluster_m"]),
                  MAJOR_CONSTANTS[real.a_major], MAJOR_CONSTANTS[real.b_major], RASTER_CONSTANTS[k["raster"]],
                  str(k["group"]), ACTIVATION_CONSTANTS[e.activation], bool_literal(e.bias), bool_literal(e.residual)]
-        trailing = [SCHEDULE_CONSTANTS[k["schedule"]], STORE_CONSTANTS[k["store"]], str(k["split_k"])]
+        trailing = [SCHEDULE_CONSTANTS[k["schedule"]], STORE_CONSTANTS[k["store"]], str(k["split_k"]),
+                    str(k["cluster_n"])]
         kept = [k[name] == default for name, default in TRAILING_DEFAULTS]
         while kept and kept[-1]:
             kept.pop()
@@ -112,15 +130,16 @@ class WgmmaRules(TemplateRules):
                  ("pointer", "workspace"), ("pointer", "tickets"))
 
     def work(self, real: Realisation, problem: Problem) -> Work:
-        """The units a launch walks: WgmmaWork's arithmetic (K cut into at most split_k parts of
-        whole 64-wide slices, none empty)."""
+        """The units a launch walks: WgmmaWork's arithmetic (tiles padded to whole clusters, K cut
+        into at most split_k parts of whole 64-wide slices, none empty)."""
         k = real.settings
-        cluster = k["cluster_m"]
-        tiles_m = -(-(-(-problem.m // k["block_m"])) // cluster) * cluster
+        along_m, along_n = k["cluster_m"], k["cluster_n"]
+        tiles_m = -(-(-(-problem.m // k["block_m"])) // along_m) * along_m
+        tiles_n = -(-(-(-problem.n // k["block_n"])) // along_n) * along_n
         k_blocks = -(-problem.k // BLOCK_K)
         parts = min(k["split_k"], k_blocks)
         per_split = -(-k_blocks // parts)
-        return Work(tiles_m, -(-problem.n // k["block_n"]), k_blocks, -(-k_blocks // per_split))
+        return Work(tiles_m, tiles_n, k_blocks, -(-k_blocks // per_split))
 
     def workspace_bytes(self, real: Realisation, problem: Problem) -> int:
         w = self.work(real, problem)
@@ -136,8 +155,7 @@ class WgmmaRules(TemplateRules):
 
     def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None,
                  blocks_per_sm: int | None = None) -> Geometry:
-        k = real.settings
-        cluster = k["cluster_m"]
+        cluster = self.cluster(real)
         w = self.work(real, problem)
         cluster_units = w.units // cluster
         resident = (resident_clusters if cluster > 1 and resident_clusters else sm_count // cluster)
