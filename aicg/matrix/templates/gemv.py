@@ -54,6 +54,10 @@ class GemvRules(TemplateRules):
         k = real.settings
         return (k["warps"] - 1) * k["tiles"] * 32 * 16 if k["spread"] == "warps" else 0
 
+    def block_shared_bytes(self, real: Realisation) -> int:
+        """A CTA's shared memory: the rings (dynamic) and the warps' sums (static)."""
+        return self.dynamic_shared_bytes(real) + self.runs_shared_bytes(real)
+
     def accumulators(self, real: Realisation) -> int:
         return 4 * real.knob("tiles")
 
@@ -74,7 +78,7 @@ class GemvRules(TemplateRules):
         if self.registers_estimate(real) > limits.registers_per_thread:
             found.append(f"about {self.registers_estimate(real)} registers a thread "
                          f"(at most {limits.registers_per_thread})")
-        shared = self.dynamic_shared_bytes(real) + self.runs_shared_bytes(real)
+        shared = self.block_shared_bytes(real)
         if shared > limits.shared_optin_bytes:
             found.append(f"{shared} bytes of shared memory (the GPU allows {limits.shared_optin_bytes} a block)")
         return found
@@ -125,7 +129,7 @@ class GemvRules(TemplateRules):
         """CTAs an SM holds at once by the register estimate (a launch asks the driver instead)."""
         threads = self.threads(real)
         by_registers = REGISTERS_PER_SM // (self.registers_estimate(real) * threads)
-        by_shared = SHARED_BYTES_PER_SM // max(1, self.dynamic_shared_bytes(real) + self.runs_shared_bytes(real))
+        by_shared = SHARED_BYTES_PER_SM // max(1, self.block_shared_bytes(real))
         return max(1, min(RESIDENT_THREADS_PER_SM // threads, by_registers, by_shared))
 
     def resident_ctas(self, real: Realisation, sm_count: int, blocks_per_sm: int | None = None) -> int:
