@@ -31,6 +31,13 @@ GELU_T = Epilogue("gelu_tanh", bias=True)
 SILU_R = Epilogue("silu", residual=True)
 FUSED = Epilogue("gelu_erf", bias=True, residual=True)
 
+
+
+def tried_index(template="wgmma", **knobs) -> int:
+    """The first tried setting of `template` with these knob values."""
+    return next(i for i, k in enumerate(TRIED[template]) if all(k[n] == v for n, v in knobs.items()))
+
+
 # (template, dtype, A layout, B layout, epilogue, index of the tried setting)
 SAMPLE = [
     ("wgmma", "bfloat16", "k", "k", Epilogue(), 0),
@@ -40,8 +47,9 @@ SAMPLE = [
     ("wgmma", "bfloat16", "k", "k", FUSED, 2),              # cluster, K-major B halves multicast
     ("wgmma", "bfloat16", "k", "mn", Epilogue(), 3),        # N = 192
     ("wgmma", "float16", "k", "k", Epilogue(), 6),          # N = 64
-    ("wgmma", "bfloat16", "k", "k", FUSED, 22),             # N = 32, a 4-CTA cluster along N sharing A
-    ("wgmma", "bfloat16", "mn", "k", Epilogue(), 24),       # a 2-CTA cluster along N, A boxes multicast
+    ("wgmma", "bfloat16", "k", "k", FUSED, tried_index(block_n=32, schedule="cooperative", cluster_n=4)),
+    ("wgmma", "bfloat16", "mn", "k", Epilogue(), tried_index(cluster_n=2)),   # A's boxes multicast along N
+    ("wgmma", "bfloat16", "k", "k", FUSED, tried_index(store="deferred", block_n=192)),
     ("mma", "bfloat16", "k", "k", Epilogue(), 0),
     ("mma", "float16", "k", "mn", GELU_T, 1),
     ("mma", "bfloat16", "mn", "k", SILU_R, 2),

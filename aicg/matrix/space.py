@@ -125,8 +125,10 @@ def _short(value) -> str:
 
 def realisation(template: str, dtype: str, a_major: str, b_major: str, epilogue: Epilogue = Epilogue(),
                 **knobs) -> Realisation:
-    """A realisation of `template`, its knobs checked against the template's domains."""
+    """A realisation of `template`, its knobs checked against the template's domains (a knob of
+    the template's [earlier] table may be left out: it takes its earlier value)."""
     tpl = templates()[template]
+    knobs = {**tpl.earlier, **knobs}
     missing = sorted(set(tpl.knobs) - set(knobs))
     unknown = sorted(set(knobs) - set(tpl.knobs))
     if missing or unknown:
