@@ -78,17 +78,20 @@ def candidate_id(real: Realisation) -> str:
 def settings(template: str):
     """The settings the planner ranks: every setting the space tries, and every combination of the
     knobs the prior models with each design the space tries (the values it tries of the knobs that
-    only a matrix profile's calibration ranks), the other knobs at the values it tries first."""
+    only a matrix profile's calibration ranks), the other knobs at the values it tries first; a
+    value of prior.TRIED_ONLY_VALUES only in the settings the space tries."""
     tpl = space.templates()[template]
     base = dict(tpl.tried[0]) if tpl.tried else {name: values[0] for name, values in tpl.knobs.items()}
     modelled = [name for name in prior.MODELLED_KNOBS.get(template, ()) if name in tpl.knobs]
     calibrated = [name for name in prior.CALIBRATED_KNOBS.get(template, ()) if name in tpl.knobs]
     designs = list(dict.fromkeys(tuple(s[n] for n in calibrated) for s in tpl.tried)) or [
         tuple(base[n] for n in calibrated)]
+    tried_only = prior.TRIED_ONLY_VALUES.get(template, {})
+    combined = [dict(base, **dict(zip(calibrated, design)), **dict(zip(modelled, values)))
+                for design in designs for values in itertools.product(*(tpl.knobs[n] for n in modelled))]
     seen = set()
-    for setting in list(tpl.tried) + [dict(base, **dict(zip(calibrated, design)), **dict(zip(modelled, values)))
-                                      for design in designs
-                                      for values in itertools.product(*(tpl.knobs[n] for n in modelled))]:
+    for setting in list(tpl.tried) + [s for s in combined
+                                      if not any(s[n] in values for n, values in tried_only.items())]:
         key = tuple(sorted(setting.items()))
         if key not in seen:
             seen.add(key)
