@@ -348,3 +348,15 @@ def test_a_clustered_release_is_no_fence(sass):
     assert remote and remote[-1] > first_mma
     # the K loop and its releases hold no fence (the cluster's barriers at start and end keep theirs)
     assert not any(op.startswith("MEMBAR") for op in ops[first_mma:remote[-1] + 1])
+
+
+def test_unmeasured_knob_values_are_planned_only_as_the_space_tries_them():
+    """Clusters along N, narrow bands and deferred stores reach the planner in the space's tried
+    settings only, not in every combination of the modelled knobs (the calibration cannot carry
+    an effect nobody measured)."""
+    from aicg.matrix import plan, prior
+    tried = [tuple(sorted(k.items())) for k in space.templates()["wgmma"].tried]
+    planned = list(plan.settings("wgmma"))
+    unmeasured = [s for s in planned if any(s[n] in values for n, values in prior.TRIED_ONLY_VALUES["wgmma"].items())]
+    assert unmeasured and all(tuple(sorted(s.items())) in tried for s in unmeasured)
+    assert len(planned) > 10 * len(tried)       # the modelled knobs' combinations are still there
