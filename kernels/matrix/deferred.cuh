@@ -9,7 +9,8 @@
 //                residual, one rounding, a 4-byte store), the bias and
 //                residual of the next pair requested one step ahead so that
 //                their loads land while the tensor cores work
-//   finish_all   what is left: before the next park, and after the last tile
+//   finish_all   what is left: before the next park, and after the last tile,
+//                the loads of eight pairs in flight at a time
 //
 // The arithmetic and the stores are epilogue.cuh's (Epilogue::store2, the same
 // order, one rounding): the bits are those of a direct store. Where a pair
@@ -45,6 +46,7 @@ struct DeferredEpilogue {
   static constexpr int ACC = BN / 2;                  // accumulators a row block
   static constexpr int PAIRS = M_ATOMS * ACC / 2;     // pairs of adjacent columns a thread holds
   static constexpr unsigned BYTES = PAIRS * THREADS * 8;
+  static constexpr int BATCH = 8;                     // pairs whose loads finish_all has in flight at once
 
   Epilogue<T, ACT, BIAS, RESIDUAL> direct;
   unsigned slot;             // this thread's first pair in the buffer
@@ -57,19 +59,47 @@ struct DeferredEpilogue {
   __device__ __forceinline__ DeferredEpilogue(const Epilogue<T, ACT, BIAS, RESIDUAL>& direct_, unsigned buffer)
       : direct(direct_), slot(buffer + 8 * (threadIdx.x % THREADS)) {}
 
-  // The next pair's place, and its bias and residual words requested.
+  // Where pair p goes, and whether it moves as one 4-byte access.
+  __device__ __forceinline__ void place(int p, int& at_row, int& at_col, bool& at_fast) const {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % THREADS) / 32;
+    const int atom = p / (ACC / 2), q = p % (ACC / 2), j = q / 2, half = q % 2;
+    at_row = row0 + 64 * atom + 16 * warp + lane / 4 + 8 * half;
+    at_col = col0 + 8 * j + 2 * (lane % 4);
+    at_fast = direct.pairs && at_row < direct.m && at_col + 1 < direct.n;
+  }
+
+  // The bias and residual words of a pair that moves as one access (requested: used later).
+  __device__ __forceinline__ void request(int at_row, int at_col, unsigned& b, unsigned& r) const {
+    if constexpr (BIAS) b = *reinterpret_cast<const unsigned*>(direct.bias + at_col);
+    if constexpr (RESIDUAL)
+      r = *reinterpret_cast<const unsigned*>(direct.residual + static_cast<long long>(at_row) * direct.ldr + at_col);
+  }
+
+  // Pair p finished: store2's arithmetic on the words requested, or store2 itself.
+  __device__ __forceinline__ void store(int p, int at_row, int at_col, bool at_fast, unsigned b, unsigned r) const {
+    const float2 v = load_shared_pair(slot + p * THREADS * 8);
+    if (!at_fast) {
+      direct.store2(at_row, at_col, v.x, v.y);   // clips to M x N, one element at a time where it must
+      return;
+    }
+    float b0 = 0.0f, b1 = 0.0f;
+    if constexpr (BIAS) {
+      b0 = half_of(b, 0, T{});
+      b1 = half_of(b, 1, T{});
+    }
+    float y0 = activate<ACT>(v.x + b0), y1 = activate<ACT>(v.y + b1);
+    if constexpr (RESIDUAL) {
+      y0 += half_of(r, 0, T{});
+      y1 += half_of(r, 1, T{});
+    }
+    *reinterpret_cast<unsigned*>(direct.c + static_cast<long long>(at_row) * direct.ldc + at_col) = round_pair(y0, y1, T{});
+  }
+
+  // The next pair located and its words requested, for the next finish_some.
   __device__ __forceinline__ void locate() {
     if (next >= PAIRS) return;
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x % THREADS) / 32;
-    const int atom = next / (ACC / 2), q = next % (ACC / 2), j = q / 2, half = q % 2;
-    row = row0 + 64 * atom + 16 * warp + lane / 4 + 8 * half;
-    col = col0 + 8 * j + 2 * (lane % 4);
-    fast = direct.pairs && row < direct.m && col + 1 < direct.n;
-    if (fast) {
-      if constexpr (BIAS) bias_word = *reinterpret_cast<const unsigned*>(direct.bias + col);
-      if constexpr (RESIDUAL)
-        residual_word = *reinterpret_cast<const unsigned*>(direct.residual + static_cast<long long>(row) * direct.ldr + col);
-    }
+    place(next, row, col, fast);
+    if (fast) request(row, col, bias_word, residual_word);
   }
 
   template <int ACCUMULATORS>
@@ -87,33 +117,35 @@ struct DeferredEpilogue {
     locate();
   }
 
-  __device__ __forceinline__ void finish_one() {
-    const float2 v = load_shared_pair(slot + next * THREADS * 8);
-    if (fast) {
-      float b0 = 0.0f, b1 = 0.0f;
-      if constexpr (BIAS) {
-        b0 = half_of(bias_word, 0, T{});
-        b1 = half_of(bias_word, 1, T{});
-      }
-      float y0 = activate<ACT>(v.x + b0), y1 = activate<ACT>(v.y + b1);
-      if constexpr (RESIDUAL) {
-        y0 += half_of(residual_word, 0, T{});
-        y1 += half_of(residual_word, 1, T{});
-      }
-      *reinterpret_cast<unsigned*>(direct.c + static_cast<long long>(row) * direct.ldc + col) = round_pair(y0, y1, T{});
-    } else {
-      direct.store2(row, col, v.x, v.y);   // clips to M x N, one element at a time where it must
-    }
-    ++next;
-    locate();
-  }
-
+  // Beside a wgmma group: `count` pairs, each with its words requested a pair ahead.
   __device__ __forceinline__ void finish_some(int count) {
-    for (int i = 0; i < count && next < PAIRS; ++i) finish_one();
+    for (int i = 0; i < count && next < PAIRS; ++i) {
+      store(next, row, col, fast, bias_word, residual_word);
+      ++next;
+      locate();
+    }
   }
 
+  // Everything left, with nothing to hide behind: the words of BATCH pairs requested together.
   __device__ __forceinline__ void finish_all() {
-    while (next < PAIRS) finish_one();
+    if (next >= PAIRS) return;
+    store(next, row, col, fast, bias_word, residual_word);   // its words were requested already
+    for (int first = next + 1; first < PAIRS; first += BATCH) {
+      int rows[BATCH], cols[BATCH];
+      bool fasts[BATCH];
+      unsigned b[BATCH] = {}, r[BATCH] = {};
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i) {
+        if (first + i < PAIRS) {
+          place(first + i, rows[i], cols[i], fasts[i]);
+          if (fasts[i]) request(rows[i], cols[i], b[i], r[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i)
+        if (first + i < PAIRS) store(first + i, rows[i], cols[i], fasts[i], b[i], r[i]);
+    }
+    next = PAIRS;
   }
 };
 
