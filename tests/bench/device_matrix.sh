@@ -7,10 +7,12 @@
 #   BUILD_SECONDS=240        (doit build profile=rulesets/profiles/matmul.toml target=auto; 0: skip)
 #   BENCH="--stages grid --grid-nk 4096x4096,4096x14336"   (each shape: the prior's first 4 and the first tried)
 #   BENCH_SECONDS=240        (tests/bench/matmul_bench.py with BENCH's arguments; empty BENCH: skip)
+#   FUSED="--schedules 0,5 --epilogues 0,3"   (tests/bench/fused_epilogue.py's arguments besides --json;
+#                             FUSED_SECONDS, default 200; empty FUSED: skip)
 #   RECORD=1                 (doit record of the matmul profile: hwdb/<gpu>.validations.jsonl to $OUT;
 #                             RECORD_SECONDS, default 300: past it, what was validated is recorded)
-# Results go to $OUT (or ./device-out): the matrix profile, the bench JSON, the build's manifest and
-# report, and logs.tgz (every log, refreshed after each step). Carried wheels in .whl/ are installed first.
+# Results go to $OUT (or ./device-out): the matrix profile, the bench JSON, the fused epilogue's JSON,
+# the build's manifest and report, and logs.tgz (every log, refreshed after each step). Carried wheels in .whl/ are installed first.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 entry=$(hwdb_entry) || exit 1
@@ -41,6 +43,11 @@ fi
 if [ -n "${BENCH:-}" ]; then
   timeout "${BENCH_SECONDS:-240}" python3 tests/bench/matmul_bench.py --json "$OUT/matmul.json" \
     --budget "$(( ${BENCH_SECONDS:-240} - 20 ))" $BENCH 2>&1 | tee "$LOGS/matmul_bench.log" | tail -40
+  keep_logs
+fi
+if [ -n "${FUSED:-}" ]; then
+  timeout "${FUSED_SECONDS:-200}" python3 tests/bench/fused_epilogue.py --json "$OUT/fused.json" $FUSED 2>&1 \
+    | tee "$LOGS/fused.log" | grep -v Warning | tail -30
   keep_logs
 fi
 if [ "${RECORD:-0}" = 1 ]; then
