@@ -66,12 +66,6 @@ class FakeDriver:
             def free(self):
                 pass
 
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                self.free()
-
         driver = self
 
         class Kernel:
@@ -247,11 +241,17 @@ def test_timing_runs_every_launch_of_each_candidate_on_the_same_inputs(monkeypat
                   Candidate("rmsnorm_backward", "float32", two_pass.name, dict(two_pass.ladder[0].params),
                             "column_sum_two_pass", dict(SPACE.families["column_sum_two_pass"].ladder[0].params))]
 
-    class Device:
-        l2_bytes = 1 << 10
+    from aicg.matrix import timing
+    monkeypatch.setattr(timing, "driver", fake)
+
+    class Flush:
+        mode, runs = "write", 0
+
+        def run(self, stream=0):
+            Flush.runs += 1
     kernels = [(json.dumps(c.as_record()).encode(), c) for c in candidates]
-    seconds = check.time_candidates(SPACE, kernels, (300, 2048), 3, Device())
+    seconds = check.time_candidates(SPACE, kernels, (300, 2048), 3, Flush())
     assert seconds == [2e-3, 3e-3]          # the rows part and its totals; rows, partials and totals
-    assert fake.launches == (check.TIMING_WARMUP + 3) * (2 + 3)
+    assert fake.launches == (timing.WARMUP + 3) * (2 + 3) and Flush.runs == 2 * 3
     with pytest.raises(ValueError, match="repetitions"):
-        check.time_candidates(SPACE, kernels, (300, 2048), 0, Device())
+        check.time_candidates(SPACE, kernels, (300, 2048), 0, Flush())

@@ -25,7 +25,6 @@ from .ops import BACKWARD_OPS, BackwardOp, draw, reference
 from .space import Candidate, Space
 
 WORKSPACE_BYTES = 4      # the row statistics and the partial sums are floats
-TIMING_WARMUP = 2        # launches before a candidate is timed (loads its module, fills the TLBs)
 
 
 class Guarded:
@@ -240,34 +239,28 @@ def run(space: Space, cubin: bytes, candidate: Candidate, *, tolerance, determin
 
 
 def time_candidates(space: Space, kernels: list[tuple[bytes, Candidate]], shape, repetitions: int,
-                    device) -> list[float]:
+                    flush) -> list[float]:
     """Median seconds of each (cubin, candidate) of one operator and dtype at `shape`: every launch
     of it (the rows part and the column passes: the weights' gradients a training step asks for),
-    on one draw of inputs, the L2 cleared by a memset of twice its size before each run."""
+    on one draw of inputs, timed as aicg/matrix/timing.py times a launch, `flush` (its L2Flush)
+    evicting the L2 before each run."""
     if repetitions < 1 or not kernels:
         raise ValueError(f"timing needs repetitions >= 1 and kernels (got {repetitions}, {len(kernels)})")
+    from ..matrix import timing
     rows, cols = shape
     op, dtype = BACKWARD_OPS[kernels[0][1].op], DTYPES[kernels[0][1].dtype]
     inputs = draw(op, dtype, rows, cols, 0, np.random.default_rng())
     seconds = []
-    with driver.Buffer(2 * device.l2_bytes) as flush:
-        timer = driver.EventTimer()
-        for cubin, candidate in kernels:
-            loaded = load_kernels(cubin, candidate)
-            buffers = Buffers(space, candidate, rows, cols)
-            try:
-                buffers.upload(inputs)
-                for _ in range(TIMING_WARMUP):
-                    buffers.launch(loaded)
-                samples = []
-                for _ in range(repetitions):
-                    flush.fill_byte(0)
-                    samples.append(timer.time(lambda: buffers.launch(loaded)))
-            finally:
-                buffers.free()
-                for kernel in loaded.values():
-                    kernel.unload()
-            seconds.append(float(np.median(samples)) * 1e-3)
+    for cubin, candidate in kernels:
+        loaded = load_kernels(cubin, candidate)
+        buffers = Buffers(space, candidate, rows, cols)
+        try:
+            buffers.upload(inputs)
+            seconds.append(timing.median_seconds(lambda: buffers.launch(loaded), flush, repetitions)["median_seconds"])
+        finally:
+            buffers.free()
+            for kernel in loaded.values():
+                kernel.unload()
     return seconds
 
 
@@ -336,9 +329,10 @@ def time_on_device(kernels: list[tuple[bytes, Candidate]], hardware, shape, repe
 
 def time_here(kernels: list, shape, repetitions: int) -> list[float]:
     """time_candidates() on this process's GPU with the shipped space (the worker's side of time_on_device)."""
+    from ..matrix.timing import L2Flush
     from .space import shipped
     return time_candidates(shipped(), [(bytes(cubin), Candidate.from_record(record)) for cubin, record in kernels],
-                           tuple(shape), repetitions, driver.probe_device())
+                           tuple(shape), repetitions, L2Flush("write"))
 
 
 def check_here(cubin: bytes, candidate: dict, tolerance, deterministic: bool, check_shapes, trials: int) -> dict:

@@ -8,10 +8,11 @@ read, the median).
     python tests/bench/fused_epilogue.py --json fused.json [--m 8192] [--reps 20] [--schedules 0,5]
 
 --schedules picks schedules by their index in SCHEDULES (default: all), --epilogues likewise in
-EPILOGUES, and --no-peers leaves the peers out. --profile launches each validated kernel once more
-between cuProfilerStart and cuProfilerStop, for Nsight Compute to look at that launch alone:
+EPILOGUES, and --no-peers leaves the peers out. --profile times each validated kernel once more,
+one repetition after the warm-up, between cuProfilerStart and cuProfilerStop: Nsight Compute then
+sees that kernel's launches alone (a few of them, no other kernel's):
 
-    ncu --profile-from-start off -k regex:aicg --section WarpStateStats --section ComputeWorkloadAnalysis \
+    ncu --profile-from-start off -k aicg_matmul --section WarpStateStats --section ComputeWorkloadAnalysis \
         python tests/bench/fused_epilogue.py --json f.json --schedules 0 --epilogues 0,2,3 --no-peers --profile
 """
 from __future__ import annotations
@@ -53,7 +54,8 @@ EPILOGUES = (Epilogue(), Epilogue(bias=True), Epilogue(bias=True, residual=True)
 
 
 def profiled_launch(real, cubin: bytes, problem: Problem) -> None:
-    """One more launch of a validated kernel, alone between cuProfilerStart and cuProfilerStop."""
+    """A validated kernel's launches of one more timed repetition (and its warm-up), alone between
+    cuProfilerStart and cuProfilerStop."""
     from cuda.bindings import driver as cu
     cu.cuProfilerStart()
     try:
@@ -103,7 +105,7 @@ def main(argv=None) -> None:
     p.add_argument("--schedules", help="indices into SCHEDULES, comma-separated")
     p.add_argument("--epilogues", help="indices into EPILOGUES, comma-separated")
     p.add_argument("--no-peers", action="store_true")
-    p.add_argument("--profile", action="store_true", help="one launch of each valid kernel for a profiler")
+    p.add_argument("--profile", action="store_true", help="one more timed run of each valid kernel inside a profiler range")
     args = p.parse_args(argv)
 
     def picked(items, indices):
