@@ -81,7 +81,7 @@ class MatmulKernel:
     @functools.cached_property
     def resident_clusters(self) -> int | None:
         """Clusters of this realisation the GPU holds at once (None: not clustered)."""
-        cluster = self.real.settings.get("cluster_m", 1) * self.real.settings.get("cluster_n", 1)
+        cluster = self.rules.cluster(self.real)
         if cluster == 1:
             return None
         cu = _cu()

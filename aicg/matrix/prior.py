@@ -166,7 +166,7 @@ def _io_bytes(problem: Problem) -> float:
 def _wgmma(real: Realisation, p: Problem, hw: dict) -> Terms:
     k = _knobs(real)
     rules = RULES["wgmma"]
-    bm, bn, along_m, along_n = k["block_m"], k["block_n"], k.get("cluster_m", 1), k.get("cluster_n", 1)
+    bm, bn, along_m, along_n = k["block_m"], k["block_n"], k["cluster_m"], k["cluster_n"]
     cluster = along_m * along_n
     work = rules.work(real, p) if hasattr(rules, "work") else None
     tiles = work.tiles if work else -(-p.m // bm) * -(-p.n // bn)

@@ -105,9 +105,9 @@ class Realisation:
 
     @staticmethod
     def from_dict(d: dict) -> "Realisation":
-        earlier = templates()[d["template"]].earlier if d.get("template") in templates() else {}
+        """A recorded realisation (one from before a knob of [earlier] existed lacks it)."""
         return realisation(d["template"], d["dtype"], d["a_major"], d["b_major"], Epilogue(**d["epilogue"]),
-                           **(earlier | d["knobs"]))
+                           **d["knobs"])
 
 
 # Knob names as realisation names spell them (a word-valued knob needs none: its value says it).

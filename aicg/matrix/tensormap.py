@@ -55,7 +55,7 @@ def spec(real: Realisation, problem: Problem, operand: str) -> TensorMapSpec:
         raise ValueError(f"{real.template} realisations take no tensor maps")
     k = real.settings
     if operand == "a":
-        major, ld, outer_tile = problem.a_major, problem.lda, k["block_m"] // k.get("cluster_n", 1)
+        major, ld, outer_tile = problem.a_major, problem.lda, k["block_m"] // k["cluster_n"]
         rows, cols = problem.a_stored
     elif operand == "b":
         major, ld, outer_tile = problem.b_major, problem.ldb, k["block_n"] // k["cluster_m"]

@@ -67,6 +67,10 @@ class TemplateRules:
         """The second __launch_bounds__ argument, where the template needs one."""
         return None
 
+    def cluster(self, real: Realisation) -> int:
+        """CTAs a thread-block cluster of the realisation holds (1: not clustered)."""
+        return 1
+
     def dynamic_shared_bytes(self, real: Realisation) -> int:
         raise NotImplementedError
 

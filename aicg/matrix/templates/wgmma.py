@@ -49,10 +49,10 @@ class WgmmaRules(TemplateRules):
     def threads(self, real: Realisation) -> int:
         return THREADS
 
-    @staticmethod
-    def cluster(real: Realisation) -> int:
+    def cluster(self, real: Realisation) -> int:
         """CTAs a cluster: along M (sharing B) or along N (sharing A)."""
-        return real.knob("cluster_m") * real.knob("cluster_n")
+        k = real.settings
+        return k["cluster_m"] * k["cluster_n"]
 
     def min_blocks(self, real: Realisation) -> int:
         return 1   # setmaxnreg needs the register cap a launch bound of one block gives
