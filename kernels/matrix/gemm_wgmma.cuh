@@ -138,39 +138,32 @@ struct WgmmaTile {
   static __device__ __forceinline__ void load_stage(const TmaDescriptor* a_map, const TmaDescriptor* b_map, unsigned a,
                                                     unsigned full, int a_row, int b_col, int k0, int m, int n,
                                                     unsigned rank) {
-    const unsigned b = a + A_BYTES;
+    load_operand<A_MAJOR, BM, CLUSTER_N>(a, a_map, a_row, m, k0, full, rank);
+    load_operand<B_MAJOR, BN, CLUSTER_M>(a + A_BYTES, b_map, b_col, n, k0, full, rank);
+  }
+
+  // One operand's ROWS x 64 slice (rows along M for A, along N for B) into `slot`: the
+  // whole of it, or where SHARERS CTAs of the cluster share it, this CTA's share of it to
+  // every CTA of the cluster. `first` is the tile's first row, `extent` the operand's rows.
+  template <int MAJOR, int ROWS, int SHARERS>
+  static __device__ __forceinline__ void load_operand(unsigned slot, const TmaDescriptor* map, int first, int extent,
+                                                      int k0, unsigned full, unsigned rank) {
     constexpr unsigned everyone = (1u << CLUSTER) - 1;
-    if constexpr (A_MAJOR == K_MAJOR) {
-      if constexpr (CLUSTER_N == 1)
-        tma_load_2d(a, a_map, k0, box_start(a_row, m, BM), full);
+    constexpr int SHARE = ROWS / SHARERS;
+    if constexpr (MAJOR == K_MAJOR) {
+      if constexpr (SHARERS == 1)
+        tma_load_2d(slot, map, k0, box_start(first, extent, ROWS), full);
       else
-        tma_load_2d_multicast(a + rank * A_SHARE_ROWS * SWIZZLE_ROW_BYTES, a_map, k0,
-                              box_start(a_row + rank * A_SHARE_ROWS, m, A_SHARE_ROWS), full, everyone);
+        tma_load_2d_multicast(slot + rank * SHARE * SWIZZLE_ROW_BYTES, map, k0,
+                              box_start(first + rank * SHARE, extent, SHARE), full, everyone);
     } else {
 #pragma unroll
-      for (int j = 0; j < BM / 64; ++j) {
-        const int row = box_start(a_row + 64 * j, m, 64);
-        if constexpr (CLUSTER_N == 1)
-          tma_load_2d(a + j * MN_BOX_BYTES, a_map, row, k0, full);
-        else if (j % CLUSTER_N == rank)
-          tma_load_2d_multicast(a + j * MN_BOX_BYTES, a_map, row, k0, full, everyone);
-      }
-    }
-    if constexpr (B_MAJOR == K_MAJOR) {
-      if constexpr (CLUSTER_M == 1) {
-        tma_load_2d(b, b_map, k0, box_start(b_col, n, BN), full);
-      } else {
-        tma_load_2d_multicast(b + rank * B_SHARE_ROWS * SWIZZLE_ROW_BYTES, b_map, k0,
-                              box_start(b_col + rank * B_SHARE_ROWS, n, B_SHARE_ROWS), full, everyone);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < BN / 64; ++j) {
-        const int col = box_start(b_col + 64 * j, n, 64);
-        if constexpr (CLUSTER_M == 1)
-          tma_load_2d(b + j * MN_BOX_BYTES, b_map, col, k0, full);
-        else if (j % CLUSTER_M == rank)
-          tma_load_2d_multicast(b + j * MN_BOX_BYTES, b_map, col, k0, full, everyone);
+      for (int j = 0; j < ROWS / 64; ++j) {
+        const int row = box_start(first + 64 * j, extent, 64);
+        if constexpr (SHARERS == 1)
+          tma_load_2d(slot + j * MN_BOX_BYTES, map, row, k0, full);
+        else if (j % SHARERS == rank)
+          tma_load_2d_multicast(slot + j * MN_BOX_BYTES, map, row, k0, full, everyone);
       }
     }
   }
