@@ -315,8 +315,9 @@ class Bench:
             good = True
             for m, n, k in RAGGED:
                 if self.left() < 240:
+                    # not a stage that ran: the later stages keep the tiny stage's pool (each of
+                    # their cases is validated on its own problem all the same)
                     print("  (time budget: ragged stage cut short)")
-                    self.passed["ragged"] = ok
                     return
                 r = self.run("ragged", real, ragged_problem(real, m, n, k))
                 good &= verdict(r) in ("ok", "n/a")
