@@ -7,25 +7,36 @@ c4: 64 registers, 24 bytes spilled; asked for one block, 95 and none). So where 
 spills, a second asks for one resident block (`__launch_bounds__(threads, 1)`: the whole budget)
 and is kept where it does not. A candidate whose report is missing, or where an entry still spills
 or needs a stack frame, is not used: nothing has measured what the spill would cost.
+
+Where ptxas' log says nothing of an entry (the driver's compute cache served it: see
+aicg/cubin_resources.py), its registers and stack frame come from the cubin instead; a frame there
+may hold spills, so it also asks for the one-block build.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from .. import digest, nvrtc
+from .. import cubin_resources, digest, nvrtc
 from . import codegen
 from .space import Candidate, Space
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
-POLICY = "one resident block where the plain build spills"   # part of the compile key
+POLICY = ("one resident block where the plain build spills; "   # part of the compile key
+          "an entry ptxas does not report, from the cubin")
 
 
-def entry_reports(log: str) -> dict[str, dict]:
-    """nvrtc.parse_report of each entry's part of ptxas's log."""
+def entry_reports(log: str, cubin: bytes = b"") -> dict[str, dict]:
+    """nvrtc.parse_report of each entry's part of ptxas's log; an entry the log does not report,
+    from the cubin (registers and stack frame; `from_cubin`), where the cubin lists it."""
     marks = list(_ENTRY.finditer(log))
-    return {m.group(1): nvrtc.parse_report(log[m.start():marks[i + 1].start() if i + 1 < len(marks) else len(log)])
-            for i, m in enumerate(marks)}
+    reports = {m.group(1): nvrtc.parse_report(log[m.start():marks[i + 1].start() if i + 1 < len(marks) else len(log)])
+               for i, m in enumerate(marks)}
+    for entry, found in (cubin_resources.entry_resources(cubin) if cubin else {}).items():
+        if entry in reports and reports[entry]["reported"] or not entry.startswith("aicg_"):
+            continue
+        reports[entry] = {**nvrtc.parse_report(""), **found, "reported": True, "from_cubin": True}
+    return reports
 
 
 def unhealthy(candidate: Candidate, reports: dict[str, dict]) -> list[str]:
@@ -38,8 +49,15 @@ def unhealthy(candidate: Candidate, reports: dict[str, dict]) -> list[str]:
         elif r["spill_store_bytes"] or r["spill_load_bytes"]:
             found.append(f"{entry}: spills ({r['spill_store_bytes']} bytes stored, {r['spill_load_bytes']} loaded)")
         elif r["stack_bytes"]:
-            found.append(f"{entry}: a stack frame of {r['stack_bytes']} bytes")
+            found.append(f"{entry}: a stack frame of {r['stack_bytes']} bytes"
+                         + (" (spills or a stack: the cubin does not say which)" if r.get("from_cubin") else ""))
     return found
+
+
+def may_spill(candidate: Candidate, reports: dict[str, dict]) -> bool:
+    """Whether an entry spills, or has a frame the cubin alone reported (spills, perhaps)."""
+    return any(r["spill_store_bytes"] or r["spill_load_bytes"] or (r.get("from_cubin") and r["stack_bytes"])
+               for entry in codegen.entries(candidate) if (r := reports.get(entry)) and r["reported"])
 
 
 def compile_key(space: Space, candidate: Candidate, arch: str, kernels_dir: Path = codegen.KERNELS_DIR) -> str:
@@ -63,10 +81,10 @@ def compile_candidate(space: Space, candidate: Candidate, arch: str,
     source, name = codegen.source(space, candidate), f"backward/{candidate.id}.cu"
     headers = codegen.headers(space, candidate, kernels_dir)
     cubin, _, log = nvrtc.compile_cubin(source, name, headers, arch)
-    reports = entry_reports(log)
-    if any("spills" in why for why in unhealthy(candidate, reports)):
+    reports = entry_reports(log, cubin)
+    if may_spill(candidate, reports):
         bounded, _, bounded_log = nvrtc.compile_cubin(one_block_bounds(source), name, headers, arch)
-        bounded_reports = entry_reports(bounded_log)
+        bounded_reports = entry_reports(bounded_log, bounded)
         if not unhealthy(candidate, bounded_reports):
             return bounded, {e: {**r, "one_block": True} for e, r in bounded_reports.items()}, bounded_log
     return cubin, {e: {**r, "one_block": False} for e, r in reports.items()}, log
