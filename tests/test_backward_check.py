@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from aicg.backward import check, codegen, space
-from aicg.backward.ops import BACKWARD_OPS
+from aicg.backward.ops import BACKWARD_OPS, draw
 from aicg.backward.space import Candidate
 from aicg.dtypes import DTYPES
 
@@ -255,3 +255,14 @@ def test_timing_runs_every_launch_of_each_candidate_on_the_same_inputs(monkeypat
     assert fake.launches == (timing.WARMUP + 3) * (2 + 3) and Flush.runs == 2 * 3
     with pytest.raises(ValueError, match="repetitions"):
         check.time_candidates(SPACE, kernels, (300, 2048), 0, Flush())
+
+    # past DRAWN_ELEMENTS the rows drawn repeat down the matrices, the vectors as drawn
+    drawn, uploaded = [], []
+    monkeypatch.setattr(check, "DRAWN_ELEMENTS", 100 * 2048)
+    monkeypatch.setattr(check, "draw", lambda op, dtype, rows, cols, trial, rng: drawn.append(rows) or
+                        draw(op, dtype, rows, cols, trial, rng))
+    monkeypatch.setattr(check.Buffers, "upload", lambda self, inputs: uploaded.append(inputs))
+    check.time_candidates(SPACE, kernels[:1], (300, 2048), 1, Flush())
+    [inputs] = uploaded
+    assert drawn == [100] and inputs["g"].shape == inputs["x"].shape == (300, 2048) and inputs["w"].shape == (2048,)
+    assert (inputs["x"][200:] == inputs["x"][:100]).all() and (inputs["g"][100:200] == inputs["g"][:100]).all()

@@ -25,6 +25,7 @@ from .ops import BACKWARD_OPS, BackwardOp, draw, reference
 from .space import Candidate, Space
 
 WORKSPACE_BYTES = 4      # the row statistics and the partial sums are floats
+DRAWN_ELEMENTS = 1 << 24   # a timing's draw of inputs: larger shapes repeat its rows
 
 
 class Guarded:
@@ -243,13 +244,15 @@ def time_candidates(space: Space, kernels: list[tuple[bytes, Candidate]], shape,
     """Median seconds of each (cubin, candidate) of one operator and dtype at `shape`: every launch
     of it (the rows part and the column passes: the weights' gradients a training step asks for),
     on one draw of inputs, timed as aicg/matrix/timing.py times a launch, `flush` (its L2Flush)
-    evicting the L2 before each run."""
+    evicting the L2 before each run. At most DRAWN_ELEMENTS are drawn; more rows repeat them (the
+    values do not change a launch's time, the rows' count does)."""
     if repetitions < 1 or not kernels:
         raise ValueError(f"timing needs repetitions >= 1 and kernels (got {repetitions}, {len(kernels)})")
     from ..matrix import timing
     rows, cols = shape
     op, dtype = BACKWARD_OPS[kernels[0][1].op], DTYPES[kernels[0][1].dtype]
-    inputs = draw(op, dtype, rows, cols, 0, np.random.default_rng())
+    drawn = draw(op, dtype, min(rows, max(1, DRAWN_ELEMENTS // cols)), cols, 0, np.random.default_rng())
+    inputs = {name: np.resize(a, (rows, cols)) if name in op.matrices else a for name, a in drawn.items()}
     seconds = []
     for cubin, candidate in kernels:
         loaded = load_kernels(cubin, candidate)

@@ -10,11 +10,12 @@ candidates of the ladder that are legal and keep the profile's bound are tried i
 - validated on the device against float64 (aicg/backward/check.py, in a worker process), once per
   GPU, on the build's awkward shapes and the shape that first needed it; the outcome is kept beside
   the cubin, so later processes skip it; one that fails is passed over;
-- the first that passes serves every later call at that row length, but where the ladder offers
-  kinds of candidate with families of their own (the norms' gradients in one pass or in two):
-  the first valid candidate of each kind is timed at the shape (in the worker, every launch a
-  training step makes, weights' gradients included) and the fastest serves; the choice is kept per
-  GPU and shape class (jit/backward/choice-<key>.json, with the times), so it is timed once. Where
+- the first two valid candidates of each kind the ladder offers (a kind: the families of a
+  candidate, e.g. the norms' gradients in one pass or in two) are timed at the shape (in the
+  worker, every launch a training step makes, weights' gradients included; rows cut to
+  TIMED_ELEMENTS) and the fastest serves every later call of the shape class; the choice is kept
+  per GPU and shape class (jit/backward/choice-<key>.json, with the times), so it is timed once;
+  a single valid candidate serves untimed. Where
   this machine's GPU is not the target, a kernel stays unvalidated and serves only an instance
   loaded with allow_unvalidated=True, and nothing is timed.
 
@@ -38,8 +39,8 @@ from .space import Candidate, Decision, Space
 log = logging.getLogger("aicg.jit")
 
 VALIDATION_ROWS = 256   # rows of the shape that first needed a kernel, checked beside the awkward shapes
-TIMED_KINDS = 2         # kinds of candidate (the norms' one-pass and two-pass forms) timed before one serves
-TIMED_ELEMENTS = 1 << 24   # at most this many elements a timed matrix: the worker draws and uploads them
+TIMED_PER_KIND = 2      # the first valid candidates of each kind (the norms' one-pass and two-pass forms) timed
+TIMED_ELEMENTS = 1 << 27   # at most this many elements a timed matrix (a training step's 32768 x 4096)
 
 
 def kind(candidate: Candidate) -> tuple:
@@ -96,9 +97,10 @@ class BackwardJit:
         choice = self.cache.read_record(choice_path)
         if choice is not None:     # timed here before: that candidate first, nothing timed again
             found = sorted(found, key=lambda c: c.id != choice.get("candidate"))
-        firsts: list[Chosen] = []   # the first usable candidate of each kind
+        firsts: list[Chosen] = []   # the first usable candidates of each kind
+        wanted = TIMED_PER_KIND * len({kind(c) for c in found})
         for candidate in found:
-            if any(kind(c.candidate) == kind(candidate) for c in firsts):
+            if sum(kind(c.candidate) == kind(candidate) for c in firsts) == TIMED_PER_KIND:
                 continue
             chosen = self.kernels_of(candidate, rows, cols, rejected)
             if chosen is None:
@@ -106,7 +108,7 @@ class BackwardJit:
             if isinstance(chosen, str):     # why this machine can validate none of them
                 return firsts[0] if firsts else chosen
             firsts.append(chosen)
-            if choice is not None or chosen.validation != "passed" or len(firsts) == TIMED_KINDS:
+            if choice is not None or chosen.validation != "passed" or len(firsts) == wanted:
                 break
         if not firsts:
             return "every candidate was passed over: " + ("; ".join(rejected) or "none serves these rows")
