@@ -191,6 +191,26 @@ def test_where_the_ladder_offers_two_kinds_the_first_two_of_each_are_timed_and_t
     assert len(timed) == 3 and len(timed[2][0]) == 2 and all(o.startswith("softmax") for o in timed[2][0])
 
 
+def test_where_this_gpu_times_them_the_candidates_to_time_compile_ahead_together(tmp_path, torch, monkeypatch):
+    """Their compiles overlap the first one's validation: the first two of each kind the cache lacks
+    are handed to nvrtc.compile_ahead at once, and nothing when the choice is already kept."""
+    from aicg.backward import check
+    ahead = []
+    monkeypatch.setattr(check, "can_time", lambda hardware: True)
+    monkeypatch.setattr(check, "validate_on_device", lambda *a, **kw: {"status": "passed"})
+    monkeypatch.setattr(check, "time_on_device", lambda kernels, *a: [1e-3 * (i + 1) for i in range(len(kernels))])
+    monkeypatch.setattr(nvrtc, "compile_ahead", lambda programs, workers: ahead.append(programs) or len(programs))
+    path = make_instance(tmp_path / "instance")
+    jit = aicg.load(path).backward.jit()
+    chosen = jit.kernel_for("rmsnorm_backward", "bfloat16", 3000, 4096)
+    [programs] = ahead
+    timed = jit.events[-1]["timed"]
+    assert sorted(name.removeprefix("backward/").removesuffix(".cu") for _, name, _, _ in programs) == sorted(timed)
+    assert chosen.candidate.id == next(iter(timed)) and len(timed) == 4
+    aicg.load(path).backward.jit().kernel_for("rmsnorm_backward", "bfloat16", 3000, 4096)   # kept: nothing ahead
+    assert len(ahead) == 1
+
+
 def test_where_this_gpu_cannot_time_them_the_ladders_first_kind_serves(tmp_path, torch, monkeypatch):
     from aicg.backward import check
     monkeypatch.setattr(check, "validate_on_device", lambda *a, **kw: {"status": "passed"})

@@ -74,12 +74,18 @@ def one_block_bounds(source: str) -> str:
     return re.sub(r"__launch_bounds__\((\d+)\)", r"__launch_bounds__(\1, 1)", source)
 
 
+def program(space: Space, candidate: Candidate, arch: str,
+            kernels_dir: Path = codegen.KERNELS_DIR) -> tuple[str, str, dict[str, bytes], str]:
+    """(source, source name, headers, arch) of the candidate's plain build, as NVRTC takes them."""
+    return (codegen.source(space, candidate), f"backward/{candidate.id}.cu", codegen.headers(space, candidate, kernels_dir),
+            arch)
+
+
 def compile_candidate(space: Space, candidate: Candidate, arch: str,
                       kernels_dir: Path = codegen.KERNELS_DIR) -> tuple[bytes, dict[str, dict], str]:
     """(cubin, ptxas's report per entry, log); CompileError naming the header's file and line. The
     reports say `one_block: True` where the kept build is the one asking for one resident block."""
-    source, name = codegen.source(space, candidate), f"backward/{candidate.id}.cu"
-    headers = codegen.headers(space, candidate, kernels_dir)
+    source, name, headers, _ = program(space, candidate, arch, kernels_dir)
     cubin, _, log = nvrtc.compile_cubin(source, name, headers, arch)
     reports = entry_reports(log, cubin)
     if may_spill(candidate, reports):

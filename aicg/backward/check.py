@@ -318,10 +318,15 @@ def validate_on_device(cubin: bytes, candidate: Candidate, hardware, *, toleranc
     return reply["result"]
 
 
+def can_time(hardware) -> bool:
+    """Whether this machine's GPU can validate and time kernels for `hardware`."""
+    return not_the_target(driver.probe_device(), hardware) is None
+
+
 def time_on_device(kernels: list[tuple[bytes, Candidate]], hardware, shape, repetitions: int) -> list[float] | None:
     """time_candidates() from a worker process; None where this machine's GPU is not the target (or
     a kernel faulted there), and the caller keeps the ladder's order."""
-    if not_the_target(driver.probe_device(), hardware):
+    if not can_time(hardware):
         return None
     from ..validate import isolated
     reply = isolated.worker.call("aicg.backward.check:time_here", kwargs={

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import digest, jit_cache
+from .. import digest, jit_cache, nvrtc
 from ..runtime.jit import rows_class
 from . import build, check
 from . import space as space_mod
@@ -99,6 +99,8 @@ class BackwardJit:
             found = sorted(found, key=lambda c: c.id != choice.get("candidate"))
         firsts: list[Chosen] = []   # the first usable candidates of each kind
         wanted = TIMED_PER_KIND * len({kind(c) for c in found})
+        if choice is None and check.can_time(self.planning.hardware):
+            self._compile_ahead(found)
         for candidate in found:
             if sum(kind(c.candidate) == kind(candidate) for c in firsts) == TIMED_PER_KIND:
                 continue
@@ -113,6 +115,20 @@ class BackwardJit:
         if not firsts:
             return "every candidate was passed over: " + ("; ".join(rejected) or "none serves these rows")
         return firsts[0] if len(firsts) == 1 else self._fastest(firsts, rows, cols, choice_path)
+
+    def _compile_ahead(self, found: list[Candidate]) -> None:
+        """Start compiling, on threads, the first TIMED_PER_KIND candidates of each kind that the cache
+        lacks, so that their compiles overlap the validation of the first (each is then taken from
+        nvrtc's compile_ahead by its compile)."""
+        arch, per_kind = self.planning.hardware.arch, {}
+        programs = []
+        for candidate in found:
+            per_kind[kind(candidate)] = per_kind.get(kind(candidate), 0) + 1
+            if per_kind[kind(candidate)] <= TIMED_PER_KIND and \
+                    not self.cache.cubin_path(build.compile_key(self.space, candidate, arch)).exists():
+                programs.append(build.program(self.space, candidate, arch))
+        if len(programs) > 1:
+            nvrtc.compile_ahead(programs, workers=len(programs))
 
     def _fastest(self, chosen: list[Chosen], rows: int, cols: int, choice_path: Path) -> Chosen:
         """The fastest of `chosen` timed at the shape (rows cut to TIMED_ELEMENTS), kept as the
