@@ -7,6 +7,7 @@ candidates of the ladder that are legal and keep the profile's bound are tried i
 
 - compiled with NVRTC for the target, or taken from the instance's cache
   (jit/backward/<compile key>.cubin, its digest checked on every read); one that spills is passed over;
+  where the GPU present can time them, the candidates to be timed compile together on threads;
 - validated on the device against float64 (aicg/backward/check.py, in a worker process), once per
   GPU, on the build's awkward shapes and the shape that first needed it; the outcome is kept beside
   the cubin, so later processes skip it; one that fails is passed over;
