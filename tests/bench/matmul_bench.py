@@ -4,7 +4,8 @@ ones against cuBLAS (torch.matmul, F.linear with its bias epilogue) and, with --
 torch.compile (default and mode="max-autotune"); print a compact table last and write the full JSON.
 
     python tests/bench/matmul_bench.py --json matmul.json [--quick] [--compile]
-        [--stages tiny,ragged,square,fused,grid] [--grid-m 1,16,128,1024,4096,16384]
+        [--stages tiny,ragged,square,fused,grid] [--squares 4096,8192] [--square-layouts k,mn]
+        [--grid-m 1,16,128,1024,4096,16384]
         [--grid-nk 6144x4096,4096x4096,28672x4096,4096x14336] [--only SUBSTRING,...]
         [--grid-all] [--grid-ranked N] [--grid-pool planned|tried] [--budget SECONDS] [--reps N] [--jobs N] [--flush read|write]
 
@@ -340,8 +341,8 @@ class Bench:
     def square(self, peers):
         print("== square bf16", flush=True)
         self.square_results = {}
-        for size in SQUARES:
-            for b_major in ("k", "mn"):
+        for size in self.args.squares:
+            for b_major in self.args.square_layouts:
                 problem = Problem(size, size, size, "bfloat16", "k", b_major)
                 peer = peers.matmul(problem)
                 self.recorder.peer("square", peer)
@@ -634,6 +635,9 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the full report here (rewritten after every case)")
     p.add_argument("--stages", default="tiny,ragged,square,fused,grid")
+    p.add_argument("--squares", default=",".join(map(str, SQUARES)), help="the square stage's sizes")
+    p.add_argument("--square-layouts", default="k,mn",
+                   help="B's layouts on the square stage: k (N x K, F.linear's), mn (K x N, torch.matmul's)")
     p.add_argument("--grid-m", default=",".join(map(str, GRID_M)))
     p.add_argument("--grid-nk", default=",".join(f"{n}x{k}" for n, k in GRID_NK))
     p.add_argument("--grid-candidates", type=int, default=2, help="best square realisations timed on the grid")
@@ -656,6 +660,10 @@ def parse(argv=None):
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = p.parse_args(argv)
     args.grid_m = [int(x) for x in args.grid_m.split(",") if x]
+    args.squares = [int(x) for x in args.squares.split(",") if x]
+    args.square_layouts = [x for x in args.square_layouts.split(",") if x]
+    if set(args.square_layouts) - {"k", "mn"}:
+        p.error(f"--square-layouts takes k and mn, not {args.square_layouts}")
     args.grid_nk = [tuple(int(v) for v in x.split("x")) for x in args.grid_nk.split(",") if x]
     args.stages = args.stages.split(",")
     if args.quick:
