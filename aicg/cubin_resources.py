@@ -11,6 +11,7 @@ stack frame.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 _SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")   # ELF64: name, type, flags, addr, offset, size, link, info, align, entsize
 _SYMBOL = struct.Struct("<IBBHQQ")               # ELF64: name, info, other, section, value, size
@@ -33,39 +34,40 @@ def entry_resources(cubin: bytes) -> dict[str, dict]:
     try:
         sections = _sections(cubin)
         symbols = _symbols(cubin, sections)
+        info = next((s for s in sections if s.name == ".nv.info"), None)
         found: dict[str, dict] = {}
-        for name, (offset, size) in sections.items():
-            if name != ".nv.info":
-                continue
-            for attribute, index, value in _sized_attributes(cubin, offset, size):
-                if attribute == _REGISTER_COUNT:
-                    found.setdefault(symbols[index], {"stack_bytes": 0})["registers"] = value
-                elif attribute == _FRAME_SIZE:
-                    found.setdefault(symbols[index], {"stack_bytes": 0})["stack_bytes"] = value
-    except (struct.error, IndexError, KeyError, UnicodeDecodeError) as err:
+        for attribute, index, value in _sized_attributes(cubin, info.offset, info.size) if info else ():
+            if attribute in (_REGISTER_COUNT, _FRAME_SIZE):
+                entry = found.setdefault(symbols[index], {"stack_bytes": 0})
+                entry["registers" if attribute == _REGISTER_COUNT else "stack_bytes"] = value
+    except (struct.error, IndexError, StopIteration, ValueError) as err:
         raise NotACubin(f"a malformed cubin ({err!r})") from None
     return {name: r for name, r in found.items() if "registers" in r}
 
 
-def _sections(cubin: bytes) -> dict[str, tuple[int, int]]:
-    """{name: (offset, size)}, and "\\0symtab" / "\\0symstr" for the symbol table and its strings."""
+class _Section(NamedTuple):
+    name: str
+    kind: int
+    offset: int
+    size: int
+    link: int
+
+
+def _sections(cubin: bytes) -> list[_Section]:
     (offset,) = struct.unpack_from("<Q", cubin, 0x28)
     entry_size, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
     headers = [_SECTION_HEADER.unpack_from(cubin, offset + i * entry_size) for i in range(count)]
     names_offset = headers[names_index][4]
-    found = {}
-    for name, kind, _, _, at, size, link, *_ in headers:
-        found[_string(cubin, names_offset + name)] = (at, size)
-        if kind == _SYMTAB:
-            found["\0symtab"], found["\0symstr"] = (at, size), (headers[link][4], headers[link][5])
-    return found
+    return [_Section(_string(cubin, names_offset + name), kind, at, size, link)
+            for name, kind, _, _, at, size, link, *_ in headers]
 
 
-def _symbols(cubin: bytes, sections: dict[str, tuple[int, int]]) -> list[str]:
-    at, size = sections["\0symtab"]
-    strings = sections["\0symstr"][0]
-    return [_string(cubin, strings + _SYMBOL.unpack_from(cubin, at + i * _SYMBOL.size)[0])
-            for i in range(size // _SYMBOL.size)]
+def _symbols(cubin: bytes, sections: list[_Section]) -> list[str]:
+    """The symbol table's names, by symbol index."""
+    table = next(s for s in sections if s.kind == _SYMTAB)
+    strings = sections[table.link].offset
+    return [_string(cubin, strings + _SYMBOL.unpack_from(cubin, table.offset + i * _SYMBOL.size)[0])
+            for i in range(table.size // _SYMBOL.size)]
 
 
 def _sized_attributes(cubin: bytes, offset: int, size: int):

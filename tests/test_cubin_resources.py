@@ -82,7 +82,11 @@ def test_the_backward_build_reads_an_entry_ptxas_did_not_report_from_the_cubin(m
         assert filled[e]["from_cubin"] and filled[e]["registers"] == reports[e]["registers"]
     # through the compile itself: NVRTC's log silent on the column entries
     real = nvrtc.compile_cubin
-    monkeypatch.setattr(nvrtc, "compile_cubin", lambda *a, **k: (lambda c, r, l: (c, r, _silent_on(l, columns)))(*real(*a, **k)))
+
+    def compile_served_from_cache(*args, **kwargs):
+        cubin, report, log = real(*args, **kwargs)
+        return cubin, report, _silent_on(log, columns)
+    monkeypatch.setattr(nvrtc, "compile_cubin", compile_served_from_cache)
     again, again_reports, _ = build.compile_candidate(SPACE, candidate, "sm_90")
     assert again == cubin and not build.unhealthy(candidate, again_reports)
 

@@ -33,9 +33,8 @@ def entry_reports(log: str, cubin: bytes = b"") -> dict[str, dict]:
     reports = {m.group(1): nvrtc.parse_report(log[m.start():marks[i + 1].start() if i + 1 < len(marks) else len(log)])
                for i, m in enumerate(marks)}
     for entry, found in (cubin_resources.entry_resources(cubin) if cubin else {}).items():
-        if entry in reports and reports[entry]["reported"] or not entry.startswith("aicg_"):
-            continue
-        reports[entry] = {**nvrtc.parse_report(""), **found, "reported": True, "from_cubin": True}
+        if entry.startswith("aicg_") and not reports.get(entry, {}).get("reported"):
+            reports[entry] = {**nvrtc.parse_report(""), **found, "reported": True, "from_cubin": True}
     return reports
 
 
