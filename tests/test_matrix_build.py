@@ -49,7 +49,6 @@ SAMPLE = [
     ("wgmma", "float16", "k", "k", Epilogue(), 6),          # N = 64
     ("wgmma", "bfloat16", "k", "k", FUSED, tried_index(block_n=32, schedule="cooperative", cluster_n=4)),
     ("wgmma", "bfloat16", "mn", "k", Epilogue(), tried_index(cluster_n=2)),   # A's boxes multicast along N
-    ("wgmma", "bfloat16", "k", "k", FUSED, tried_index(store="deferred", block_n=192)),
     ("mma", "bfloat16", "k", "k", Epilogue(), 0),
     ("mma", "float16", "k", "mn", GELU_T, 1),
     ("mma", "bfloat16", "mn", "k", SILU_R, 2),

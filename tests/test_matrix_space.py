@@ -222,18 +222,6 @@ def test_a_cluster_along_n_shares_a_and_pads_the_tile_columns(hopper):
     assert old.knob("cluster_n") == 1 and "_cn" not in old.name
 
 
-def test_a_deferred_epilogue_parks_the_tile_as_floats_and_follows_only_a_cooperative_whole_k_tile(hopper):
-    rules = RULES["wgmma"]
-    real = wgmma(block_m=128, block_n=192, stages=3, store="deferred")
-    assert rules.violations(real, hopper) == []
-    assert rules.dynamic_shared_bytes(real) == 3 * (128 + 192) * 128 + 1024 + 128 * 192 * 4
-    assert rules.template_arguments(real)[13] == "aicg::matrix::STORE_DEFERRED"
-    for knobs in (dict(schedule="pingpong", block_m=64), dict(split_k=2)):
-        found = rules.violations(wgmma(block_n=128, stages=3, store="deferred", **knobs), hopper)
-        assert any("cooperative tile with K whole" in v for v in found), found
-    assert any("shared memory" in v for v in rules.violations(wgmma(block_n=256, stages=3, store="deferred"), hopper))
-
-
 @pytest.mark.parametrize("knobs, a, b, message", [
     (dict(cluster_m=2, cluster_n=2), "k", "k", "along M or along N, not both"),
     (dict(block_m=64, schedule="pingpong", cluster_n=4, block_n=64, stages=4), "mn", "k",
@@ -351,7 +339,7 @@ def test_a_clustered_release_is_no_fence(sass):
 
 
 def test_unmeasured_knob_values_are_planned_only_as_the_space_tries_them():
-    """Clusters along N, narrow bands and deferred stores reach the planner in the space's tried
+    """Clusters along N and narrow bands reach the planner in the space's tried
     settings only, not in every combination of the modelled knobs (the calibration cannot carry
     an effect nobody measured)."""
     from aicg.matrix import plan, prior

@@ -56,7 +56,7 @@ TRIED_ONLY_KNOBS = {"gemv": ("spread",)}
 # modelled knobs: values no matrix profile has measured yet, whose effect the calibration cannot
 # carry (it takes them as neutral), where the model alone would rank them first far from the regime
 # they were made for (clusters along N sharing A at M = 4096, say).
-TRIED_ONLY_VALUES = {"wgmma": {"cluster_n": (2, 4), "block_n": (32, 48, 96), "store": ("deferred",)}}
+TRIED_ONLY_VALUES = {"wgmma": {"cluster_n": (2, 4), "block_n": (32, 48, 96)}}
 # mma.sync on a GPU whose tensor cores also take wgmma reaches only part of their peak: the H100's
 # probe measured 631 of 962 TFLOP/s (hwdb/h100-sxm.toml, 2026-12-05).
 MMA_SYNC_SHARE_WITH_WGMMA = 0.66

@@ -35,10 +35,7 @@
 //                                stores: STORE_DIRECT from the accumulator
 //                                fragments (epilogue.cuh), STORE_STAGED through
 //                                shared memory in 16-byte vectors, the residual
-//                                fetched during the K loop (staging.cuh),
-//                                STORE_DEFERRED (cooperative) the fragments parked
-//                                in shared memory and finished during the next
-//                                tile's K loop (deferred.cuh)
+//                                fetched during the K loop (staging.cuh)
 //
 // Layouts: A is M x K with K contiguous (A_MAJOR = K_MAJOR, row-major A) or
 // M contiguous (MN_MAJOR: column-major A, stored as K x M rows); B is N x K
@@ -54,7 +51,6 @@
 // bases: the host checks.
 #pragma once
 #include "aicg_types.cuh"
-#include "matrix/deferred.cuh"
 #include "matrix/epilogue.cuh"
 #include "matrix/hopper.cuh"
 #include "matrix/split_k.cuh"
@@ -66,7 +62,7 @@ namespace aicg {
 namespace matrix {
 
 enum Schedule { SCHEDULE_COOPERATIVE = 0, SCHEDULE_PINGPONG = 1 };
-enum Store { STORE_DIRECT = 0, STORE_STAGED = 1, STORE_DEFERRED = 2 };
+enum Store { STORE_DIRECT = 0, STORE_STAGED = 1 };
 
 template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR,
           int SCHEDULE = SCHEDULE_COOPERATIVE, int CLUSTER_N = 1>
@@ -246,10 +242,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   constexpr int CLUSTER = Tile::CLUSTER;
   // (a direct store builds no staged epilogue, but the type must exist: any width it takes will do)
   using Staged = StagedEpilogue<T, Tile::WG_M, STORE == STORE_STAGED ? BN : 64, ACT, BIAS, RESIDUAL>;
-  using Deferred = DeferredEpilogue<T, Tile::M_ATOMS, BN, ACT, BIAS, RESIDUAL>;
-  static_assert(STORE == STORE_DIRECT || STORE == STORE_STAGED || STORE == STORE_DEFERRED, "a known store");
-  static_assert(STORE != STORE_DEFERRED || (!Tile::PINGPONG && SPLIT_K == 1),
-                "a deferred epilogue follows a cooperative tile with K whole (pingpong overlaps its own)");
+  static_assert(STORE == STORE_DIRECT || STORE == STORE_STAGED, "a known store");
   static_assert(STORE == STORE_DIRECT || BN % 64 == 0, "a staged block's rows are whole 128-byte lines");
   static_assert(SPLIT_K >= 1, "at least one part of K a tile");
   extern __shared__ __align__(128) unsigned char matrix_shared[];
@@ -312,7 +305,6 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
     const Epilogue<T, ACT, BIAS, RESIDUAL> direct(c, ldc, bias, residual, ldr, m, n);
     const Staged staged(c, ldc, bias, residual, ldr, m, n,
                         ring + Tile::RING_BYTES + consumer * Staged::BYTES, 1 + consumer);
-    Deferred deferred(direct, ring + Tile::RING_BYTES + consumer * Deferred::BYTES);
     float acc[Tile::M_ATOMS][Tile::ACC];
     RingPosition<STAGES> at;
     int mine = 0;   // units this consumer has taken (pingpong)
@@ -342,7 +334,6 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       }
 
       int held = 0;   // the slot whose wgmma may still be reading it
-      const int per_slice = (Deferred::PAIRS + (kb1 - kb0) - 1) / (kb1 - kb0);   // parked pairs finished a slice
       for (int kb = kb0; kb < kb1; ++kb) {
         barrier_wait(full0 + 8 * at.slot, at.phase);
         wgmma_fence();
@@ -355,7 +346,6 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
                                                 Tile::b_descriptor(b, ks), (kb > kb0 || ks > 0) ? 1 : 0);
         }
         wgmma_commit();
-        if constexpr (STORE == STORE_DEFERRED) deferred.finish_some(per_slice);   // beside the group just issued
         if (kb > kb0) {
           wgmma_wait<1>();   // the previous slice's group is done: its slot is free
           Tile::release(empty0 + 8 * held);
@@ -384,10 +374,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
         }
       }
 
-      if constexpr (STORE == STORE_DEFERRED) {
-        deferred.finish_all();   // the previous tile's pairs the K loop left (a short K)
-        deferred.park(acc, row0, col0);
-      } else if constexpr (STORE == STORE_STAGED) {
+      if constexpr (STORE == STORE_STAGED) {
         staged.finish(acc, row0, col0);
       } else {
         const int frag_row0 = row0 + warp * 16;
@@ -399,7 +386,6 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
         }
       }
     }
-    if constexpr (STORE == STORE_DEFERRED) deferred.finish_all();   // the last tile's
   }
   if constexpr (CLUSTER > 1) cluster_sync();   // no CTA leaves while a peer may still signal its barriers
 }

@@ -43,11 +43,6 @@ SCHEDULES = (dict(block_m=128, block_n=256, stages=3, schedule="cooperative", st
              dict(block_m=64, block_n=256, stages=4, cluster_m=2, schedule="pingpong", store="staged"),
              dict(block_m=128, block_n=128, stages=4, cluster_m=2, schedule="pingpong", store="staged"),
              dict(block_m=128, block_n=128, stages=5, cluster_m=2, schedule="pingpong", store="staged"),
-             # the cooperative tile's epilogue deferred to the next tile's K loop, and the 128 x 192
-             # tile's staged store beside it
-             dict(block_m=128, block_n=192, stages=3, schedule="cooperative", store="deferred"),
-             dict(block_m=128, block_n=256, stages=2, schedule="cooperative", store="deferred"),
-             dict(block_m=128, block_n=128, stages=4, cluster_m=2, schedule="cooperative", store="deferred"),
              dict(block_m=128, block_n=192, stages=3, schedule="cooperative", store="staged"))
 EPILOGUES = (Epilogue(), Epilogue(bias=True), Epilogue(bias=True, residual=True),
              Epilogue("gelu_erf", bias=True, residual=True), Epilogue("gelu_tanh", bias=True, residual=True))

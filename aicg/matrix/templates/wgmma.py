@@ -19,8 +19,7 @@ MAX_ACCUMULATORS = 128        # of the 232 registers a consumer thread gets
 MAX_WORKSPACE_BYTES = 1 << 30
 SCHEDULE_CONSTANTS = {"cooperative": "aicg::matrix::SCHEDULE_COOPERATIVE",
                       "pingpong": "aicg::matrix::SCHEDULE_PINGPONG"}
-STORE_CONSTANTS = {"direct": "aicg::matrix::STORE_DIRECT", "staged": "aicg::matrix::STORE_STAGED",
-                   "deferred": "aicg::matrix::STORE_DEFERRED"}
+STORE_CONSTANTS = {"direct": "aicg::matrix::STORE_DIRECT", "staged": "aicg::matrix::STORE_STAGED"}
 # The kernel template's defaults for its last parameters (schedule, store, split_k, cluster_n): a
 # realisation that keeps them is instantiated without them.
 TRAILING_DEFAULTS = (("schedule", "cooperative"), ("store", "direct"), ("split_k", 1), ("cluster_n", 1))
@@ -63,11 +62,8 @@ class WgmmaRules(TemplateRules):
         return k["block_m"] if k["schedule"] == "pingpong" else k["block_m"] // CONSUMERS
 
     def staging_bytes(self, real: Realisation) -> int:
-        """Both consumers' staging buffers: a block of results, then the bias (STORE_STAGED), or
-        the tile's accumulators parked as floats (STORE_DEFERRED)."""
+        """Both consumers' staging buffers: a block of results, then the bias (STORE_STAGED)."""
         k = real.settings
-        if k["store"] == "deferred":
-            return k["block_m"] * k["block_n"] * 4
         if k["store"] != "staged":
             return 0
         per_consumer = self.consumer_rows(real) * k["block_n"] * 2 + (k["block_n"] * 2 if real.epilogue.bias else 0)
@@ -103,8 +99,6 @@ class WgmmaRules(TemplateRules):
             found.append(f"{k['block_m'] // k['cluster_n']}-row shares of A are not whole 8-row swizzle groups")
         if k["block_n"] % 64 and real.b_major == "mn":
             found.append(f"an MN-major B slice is boxes of 64 columns, not {k['block_n']}")
-        if k["store"] == "deferred" and (k["schedule"] != "cooperative" or k["split_k"] > 1):
-            found.append("a deferred epilogue follows a cooperative tile with K whole (pingpong overlaps its own)")
         if k["block_n"] % 64 and k["store"] == "staged":
             found.append(f"a staged block's rows are whole 128-byte lines: {k['block_n']} columns are not")
         return found
