@@ -362,7 +362,7 @@ def _matrix_run(path, stage: str, problem: str, aicg: float, flush: str | None =
                                 "cases": [], "args": args, **({"exploration": exploration} if exploration else {})}))
 
 
-def test_each_matrix_stage_comes_from_the_latest_date_that_ran_it_and_a_memset_or_exploration_is_no_figure(tmp_path):
+def test_each_matrix_case_comes_from_the_last_run_holding_it_and_a_memset_or_exploration_is_no_figure(tmp_path):
     _matrix_run(tmp_path / "2026-02-01-g-matmul.json", "square", "64x32x16 bfloat16 kk plain", 500.0)
     _matrix_run(tmp_path / "2026-02-01-g-matmul-grid.json", "grid", "1x32x16 bfloat16 kk plain", 1.0)
     _matrix_run(tmp_path / "2026-02-02-g-matmul-grid.json", "grid", "1x32x16 bfloat16 kk plain", 2.0)
@@ -374,3 +374,10 @@ def test_each_matrix_stage_comes_from_the_latest_date_that_ran_it_and_a_memset_o
     cases = {c["stage"]: c["aicg_tflops"] for c in bench.matrix_cases(day)}
     assert cases == {"square": 500.0, "grid": 2.0}   # the grid of 02-02 replaces 02-01's; 02-03's and 02-04's are no figure
     assert "square 2026-02-01; grid 2026-02-02" in tables.readme_headline(bench.runs(tmp_path), REPO / "hwdb")
+    # a later run of one square case adds it and leaves the stage's other case as it was
+    _matrix_run(tmp_path / "2026-02-05-g-matmul-square.json", "square", "128x32x16 bfloat16 kk plain", 600.0)
+    day = bench.latest(bench.runs(tmp_path), bench.MATRIX)
+    squares = {c["problem"]: c["aicg_tflops"] for c in bench.matrix_cases(day) if c["stage"] == "square"}
+    assert squares == {"64x32x16 bfloat16 kk plain": 500.0, "128x32x16 bfloat16 kk plain": 600.0}
+    assert len(day) == 3
+    assert "square 2026-02-01, 2026-02-05" in tables.readme_headline(bench.runs(tmp_path), REPO / "hwdb")

@@ -4,9 +4,12 @@ Two kinds of run are recorded: the memory-bound benchmark of the row operators
 (tests/bench/test_memory_bound.py: `rows`, each timed beside PyTorch eager,
 torch.compile, Triton and a copy of the same bytes) and the matrix-multiply
 benchmark (tests/bench/matmul_bench.py: `table`, each case beside cuBLAS or
-eager PyTorch). "The latest" of a kind is every run of its latest date, each
-case taken from the last run of that day that holds it (runs sort by name,
-numbers as numbers: acceptance-21 after acceptance-20-norms).
+eager PyTorch). "The latest" row-operator figures are every run of the latest
+date, each case taken from the last run of that day that holds it (runs sort
+by date, then by name, numbers as numbers: acceptance-21 after
+acceptance-20-norms). The matrix benchmark's stages and cases are often run
+apart, a few at a time, on different days: each of its cases comes from the
+last run that holds it, whatever its date.
 """
 from __future__ import annotations
 
@@ -71,23 +74,17 @@ def runs(bench_dir: Path) -> list[Run]:
 
 
 def latest(all_runs: list[Run], kind: str, device: str | None = None) -> list[Run]:
-    """The runs of `kind` (on `device`, if given) of their latest date, oldest first. For the matrix
-    benchmark, whose stages (square, fused, grid...) are often run on different days, each stage
-    comes from the latest date that ran it: the runs of that date holding it join the list."""
+    """The runs of `kind` (on `device`, if given) that hold its current figures, oldest first: for the
+    row operators every run of the latest date; for the matrix benchmark every run that is the last
+    to hold one of its cases (see matrix_cases)."""
     mine = [r for r in all_runs if r.kind == kind and (device is None or r.device == device)]
     if not mine:
         return []
     if kind != MATRIX:
         last = max(r.date for r in mine)
         return [r for r in mine if r.date == last]
-    dates = stage_dates(mine)
-    return [r for r in mine if any(dates[stage] == r.date for stage in _stages(r))]
-
-
-def _stages(run: Run) -> set[str]:
-    """The stages a matrix run measured: those of its table's rows and of its cases."""
-    rows = [*run.data.get("table", []), *run.data.get("cases", [])]
-    return {r.get("stage") for r in rows if isinstance(r, dict)} - {None}
+    current = {case["run"] for case in matrix_cases(mine)}
+    return [r for r in mine if r.name in current]
 
 
 def row_cases(day: list[Run], suite: str | None = "acceptance") -> list[dict]:
@@ -100,29 +97,29 @@ def row_cases(day: list[Run], suite: str | None = "acceptance") -> list[dict]:
     return [cases[k] for k in sorted(cases)]
 
 
-def stage_dates(day: list[Run]) -> dict[str, str]:
-    """stage -> the latest date among `day`'s runs that ran it."""
-    dates: dict[str, str] = {}
-    for run in day:
-        for stage in _stages(run):
-            dates[stage] = max(dates.get(stage, run.date), run.date)
-    return dates
+def stage_dates(day: list[Run]) -> dict[str, list[str]]:
+    """stage -> the dates, oldest first, of the runs holding its current cases."""
+    dates: dict[str, set[str]] = {}
+    by_name = {run.name: run for run in day}
+    for case in matrix_cases(day):
+        dates.setdefault(case["stage"], set()).add(by_name[case["run"]].date)
+    return {stage: sorted(found) for stage, found in dates.items()}
 
 
 def stage_runs(day: list[Run], stage: str) -> list[Run]:
-    """The runs of `day` whose figures of `stage` are current: those of the latest date that ran it."""
-    date = stage_dates(day).get(stage)
-    return [r for r in day if r.date == date]
+    """The runs of `day` holding current cases of `stage`, oldest first."""
+    holding = {case["run"] for case in matrix_cases(day) if case["stage"] == stage}
+    return [r for r in day if r.name in holding]
 
 
 def matrix_cases(day: list[Run]) -> list[dict]:
-    """The matrix-multiply cases of the runs' latest date for each stage, each (stage, problem, peer)
-    from the last run holding it: a stage measured again replaces every earlier figure of it."""
-    cases, dates = {}, stage_dates(day)
-    for run in day:
+    """The matrix-multiply cases of the runs, each (stage, problem, peer) from the last run holding it
+    (runs in date and name order): a case measured again replaces its earlier figure, and a run of a
+    few cases leaves the stage's others as they were."""
+    cases = {}
+    for run in sorted(day, key=lambda r: (r.date, _natural(r.name))):
         for row in run.data["table"]:
-            if dates.get(row["stage"], run.date) == run.date:
-                cases[(row["stage"], row["problem"], row["peer"])] = {**row, "run": run.name}
+            cases[(row["stage"], row["problem"], row["peer"])] = {**row, "run": run.name}
     order = {"square": 0, "fused": 1, "grid": 2}
     return sorted(cases.values(), key=lambda c: (order.get(c["stage"], 3), _problem_key(c["problem"]), c["peer"]))
 

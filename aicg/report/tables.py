@@ -62,15 +62,15 @@ def _pct(value: float | None) -> str:
 
 
 def _dates(day: list[bench.Run]) -> str:
-    """The runs' date, or each stage's where stages come from different dates."""
+    """The runs' date, or each stage's dates where its cases come from different days."""
     dates = bench.stage_dates(day)
-    if len(set(dates.values())) <= 1:
+    if len({d for found in dates.values() for d in found}) <= 1:
         return day[-1].date
-    by_date: dict[str, list[str]] = {}
+    by_dates: dict[tuple, list[str]] = {}
     for stage in ("tiny", "ragged", "square", "fused", "grid"):
         if stage in dates:
-            by_date.setdefault(dates[stage], []).append(stage)
-    return "; ".join(f"{' and '.join(stages)} {date}" for date, stages in sorted(by_date.items()))
+            by_dates.setdefault(tuple(dates[stage]), []).append(stage)
+    return "; ".join(f"{' and '.join(stages)} {', '.join(found)}" for found, stages in sorted(by_dates.items()))
 
 
 def _files(day: list[bench.Run]) -> str:
