@@ -8,7 +8,8 @@ read, the median).
     python tests/bench/fused_epilogue.py --json fused.json [--m 8192] [--reps 20] [--schedules 0,5]
 
 --schedules picks schedules by their index in SCHEDULES (default: all), --epilogues likewise in
-EPILOGUES, and --no-peers leaves the peers out. --profile times each validated kernel once more,
+EPILOGUES, and --no-peers leaves the peers out. --kernels DIR (repeatable) builds each kernel with
+that directory's headers, each in turn: an earlier commit's kernels/ timed beside the checkout's. --profile times each validated kernel once more,
 one repetition after the warm-up, between cuProfilerStart and cuProfilerStop: Nsight Compute then
 sees that kernel's launches alone (a few of them, no other kernel's):
 
@@ -59,25 +60,29 @@ def profiled_launch(real, cubin: bytes, problem: Problem) -> None:
         cu.cuProfilerStop()
 
 
-def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profile: bool = False) -> None:
+def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profile: bool = False,
+            kernel_dirs=(build.KERNELS_DIR,)) -> None:
     for schedule in schedules:
         knobs = {**COMMON, **schedule}
         for epilogue in epilogues:
             real = space.realisation("wgmma", "bfloat16", "k", "k", epilogue, **knobs)
             problem = Problem(m, N, K, "bfloat16", "k", "k", epilogue)
-            try:
-                cubin = build.compile_realisation(real, build.arch_for(real, (9, 0))).cubin
-                r = worker.run_case(real.as_dict(), cubin, problem.as_dict(), validate=True, repetitions=reps)
-            except Exception as err:   # reported, and the others go on
-                out["aicg"].append({"realisation": real.name, "error": repr(err)[:500]})
-            else:
-                timing = r.get("timing", {})
-                if profile and r.get("validation", {}).get("status") == "passed":
-                    profiled_launch(real, cubin, problem)
-                out["aicg"].append({"realisation": real.name, "validation": r.get("validation", {}).get("status"),
-                                    "us": timing.get("median_seconds", 0) * 1e6, "tflops": timing.get("tflops")})
-            print(out["aicg"][-1], flush=True)
-            Path(path).write_text(json.dumps(out, indent=1))
+            for kernels_dir in kernel_dirs:
+                found = {"realisation": real.name, **({"kernels": str(kernels_dir)} if len(kernel_dirs) > 1 else {})}
+                try:
+                    cubin = build.compile_realisation(real, build.arch_for(real, (9, 0)), Path(kernels_dir)).cubin
+                    r = worker.run_case(real.as_dict(), cubin, problem.as_dict(), validate=True, repetitions=reps)
+                except Exception as err:   # reported, and the others go on
+                    found["error"] = repr(err)[:500]
+                else:
+                    timing = r.get("timing", {})
+                    if profile and r.get("validation", {}).get("status") == "passed":
+                        profiled_launch(real, cubin, problem)
+                    found.update(validation=r.get("validation", {}).get("status"),
+                                 us=timing.get("median_seconds", 0) * 1e6, tflops=timing.get("tflops"))
+                out["aicg"].append(found)
+                print(found, flush=True)
+                Path(path).write_text(json.dumps(out, indent=1))
 
 
 def peers(out: dict, m: int, reps: int, path: str) -> None:
@@ -101,6 +106,9 @@ def main(argv=None) -> None:
     p.add_argument("--epilogues", help="indices into EPILOGUES, comma-separated")
     p.add_argument("--no-peers", action="store_true")
     p.add_argument("--profile", action="store_true", help="one more timed run of each valid kernel inside a profiler range")
+    p.add_argument("--kernels", action="append", type=Path,
+                   help="build each kernel with the headers of this directory (given more than once: with each, "
+                        "one after the other; default: the checkout's kernels/)")
     args = p.parse_args(argv)
 
     def picked(items, indices):
@@ -108,7 +116,7 @@ def main(argv=None) -> None:
     driver.use_primary_context()
     out = {"problem": f"{args.m}x{N}x{K} bfloat16 kk", "aicg": [], "peers": []}
     kernels(out, args.m, args.reps, args.json, picked(SCHEDULES, args.schedules), picked(EPILOGUES, args.epilogues),
-            args.profile)
+            args.profile, args.kernels or [build.KERNELS_DIR])
     if not args.no_peers:
         peers(out, args.m, args.reps, args.json)
 
