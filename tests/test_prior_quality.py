@@ -42,3 +42,23 @@ def test_the_loss_is_the_best_of_the_priors_first_over_the_best_timed(quality, t
 def test_the_recorded_h100_grid_reads(quality, repo):
     measured = quality.measured_grid(recorded.runs(repo / "docs" / "bench"), "NVIDIA H100 80GB HBM3")
     assert "128x6144x4096 bfloat16 kk plain" in measured and len(measured) >= 20
+
+
+def test_a_builds_choice_loses_its_best_timed_over_the_best_of_all(quality):
+    a, b, c = "wgmma.bf16.kk.a.plain", "wgmma.bf16.kk.b.plain", "gemv.bf16.kk.c.plain"
+    measured = {"16x4096x4096 bfloat16 kk plain": {a: 2e-5, b: 3e-5, c: 1e-5},
+                "128x4096x4096 bfloat16 kk plain": {c: 4e-5}}
+    rows = quality.planned_losses(measured, [([(16, 4096, 4096), (128, 4096, 4096), (1, 64, 64)], [a, b])])
+    assert [r["problem"] for r in rows] == ["16x4096x4096", "128x4096x4096"]   # a shape the grid never timed: left out
+    assert rows[0]["loss"] == 2.0 and rows[0]["pick"] == a and rows[0]["chosen_timed"] == 2
+    assert rows[1]["loss"] is None and rows[1]["pick"] is None                 # none of the chosen timed there
+
+
+def test_the_matmul_profile_is_planned_as_a_build_plans_it(quality, repo):
+    record = quality.device.hardware_entry("NVIDIA H100 80GB HBM3")
+    profile = repo / "rulesets" / "profiles" / "matmul.toml"
+    (shapes, chosen), = quality.planned(profile, record, per_family=2)
+    assert (16, 28672, 4096) in shapes
+    assert 0 < len(chosen) <= 2 * 3 and all(not name.startswith("matmul.") for name in chosen)   # 3 families at most
+    (_, more), = quality.planned(profile, record, per_family=4)
+    assert set(chosen) <= set(more) and len(more) > len(chosen)     # greedy: the first two a family stay
