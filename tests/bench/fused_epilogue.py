@@ -60,8 +60,7 @@ def profiled_launch(real, cubin: bytes, problem: Problem) -> None:
         cu.cuProfilerStop()
 
 
-def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profile: bool = False,
-            kernel_dirs=(build.KERNELS_DIR,)) -> None:
+def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profile: bool, kernel_dirs) -> None:
     for schedule in schedules:
         knobs = {**COMMON, **schedule}
         for epilogue in epilogues:
@@ -70,7 +69,7 @@ def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profi
             for kernels_dir in kernel_dirs:
                 found = {"realisation": real.name, **({"kernels": str(kernels_dir)} if len(kernel_dirs) > 1 else {})}
                 try:
-                    cubin = build.compile_realisation(real, build.arch_for(real, (9, 0)), Path(kernels_dir)).cubin
+                    cubin = build.compile_realisation(real, build.arch_for(real, (9, 0)), kernels_dir).cubin
                     r = worker.run_case(real.as_dict(), cubin, problem.as_dict(), validate=True, repetitions=reps)
                 except Exception as err:   # reported, and the others go on
                     found["error"] = repr(err)[:500]
