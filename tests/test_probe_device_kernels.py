@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from aicg import hw
 from aicg.errors import DeviceError
+from aicg.matrix import prior
 from aicg.probe import async_copy, atomics, curves, tensor_cores
 from aicg.probe.figures import ProbeResult
 import probe_ptx
@@ -25,6 +28,7 @@ from aicg.probe.gpu import KERNELS_DIR, PROBE_KERNELS, compile_probe
 PROBES = (tensor_cores, async_copy, atomics)
 SOURCES = [(file, arch) for probe in PROBES for file, arches in probe.SOURCES for arch in arches]
 REGISTERS_PER_SM = 65536
+HWDB = Path(__file__).resolve().parents[1] / "hwdb"
 
 
 _ptx, _entries, _loops, _report = probe_ptx.ptx, probe_ptx.entries, probe_ptx.loops, probe_ptx.report
@@ -407,9 +411,10 @@ def touched(entry: str, grid: int, block: int, v: list, shared: int) -> list[tup
     if entry.startswith("load_stream_"):
         return [(v[0], v[1] * block * 16), (v[2], threads * 4)]
     if entry == "bulk_stream":
-        tiles, tile, stages = v[1], v[2], v[3]
+        tiles, span, tile, stages = v[1], v[2], v[3], v[4]
         assert tile % 16 == 0 and shared >= async_copy.BULK_BARRIER_BYTES + tile * stages and stages <= 16
-        return [(v[0], tiles * tile), (v[4], threads * 4)]
+        assert 0 < span <= tiles
+        return [(v[0], span * tile), (v[5], threads * 4)]
     if entry == "cp_async_latency":
         assert threads == 1
         return [(v[0], (v[2] - 1) * v[1] * 16 + 16), (v[3], v[2] * 8), (v[4], 4)]
@@ -491,7 +496,8 @@ def test_run_on_a_stand_in_gpu(probe, device, resident_by_registers):
     expected = set(probe.FIGURES)
     if not hopper:
         expected -= {"wgmma_bf16_flops", "wgmma_fp8_flops", "mma_sync_fp8_flops", "bulk_copy_bandwidth",
-                     "bulk_copy_bytes_in_flight_90", "bulk_copy_latency_cycles"}
+                     "bulk_copy_bytes_in_flight_90", "bulk_copy_latency_cycles", "bulk_copy_l2_bandwidth",
+                     "bulk_copy_l2_bytes_in_flight_90"}
     assert names == expected
     for f in result.figures:
         assert f.unit == probe.FIGURES[f.name] and f.repetitions >= 5
@@ -511,8 +517,8 @@ def test_async_copy_launches_one_block_per_sm(monkeypatch):
     launch = FakeKernel.launch
 
     def spy(self, grid, block, args, stream=0, shared_bytes=0):
-        tile = args[2][0] if self.entry == "bulk_stream" else block * 16
-        if "stream" in self.entry and args[1][0] * tile == async_copy.BUFFER_BYTES:    # a timed stream
+        tile = args[3][0] if self.entry == "bulk_stream" else block * 16
+        if "stream" in self.entry and args[1][0] * tile in (async_copy.BUFFER_BYTES, async_copy.L2_STREAM_BYTES):
             assert grid == gpu.sm_count
             seen.append(shared_bytes)
         return launch(self, grid, block, args, stream, shared_bytes)
@@ -539,7 +545,11 @@ def test_atomics_check_catches_a_wrong_count(monkeypatch):
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.NAME)
 def test_probe_module_protocol(probe):
     assert probe.__doc__ and "Read by the planner" in probe.__doc__
-    assert "nothing yet" in probe.__doc__             # no planner family consumes these figures yet
+    # "nothing yet" exactly where the matrix prior (the planner's reader of these probes) takes none of
+    # the figures: its inputs name the measured fact each came from
+    read = " ".join(i.source for i in prior.inputs(hw.load_target(HWDB, "h100-sxm")).values())
+    used = {name for name in probe.FIGURES if f"measured {name} " in read}
+    assert ("nothing yet" in probe.__doc__) == (not used), used
     assert probe.NAME == probe.__name__.rsplit(".", 1)[1]
     assert callable(probe.run) and probe.FIGURES
     for file, arches in probe.SOURCES:

@@ -16,6 +16,7 @@ A tiled realisation (wgmma, mma) takes the longest of:
             copies are asynchronous
   L2        every tile's A and B slices, (block_m + block_n) x K, read from L2
             (an operand a cluster shares counts once a cluster: B along M, A along N)
+            at the L2 rate of their loads: TMA's (the bulk copy's) for wgmma
   DRAM      A, B and C (and the residual) once, at the bandwidth the bytes in
             flight (stages x slice bytes x resident CTAs) reach
 plus a split-K reduction's partial sums written and read back, and a launch.
@@ -110,6 +111,9 @@ def inputs(hardware: Hardware) -> dict[str, PlanInput]:
     dram = found["dram_read_bandwidth"]
     found["l2_read_bandwidth"] = _fact(hardware, "l2_read_bandwidth") or PlanInput(
         3.0 * dram.value, f"3 x {dram.source} (prior constant: an L2 read against a DRAM read)")
+    l2 = found["l2_read_bandwidth"]
+    found["tma_l2_read_bandwidth"] = _fact(hardware, "bulk_copy_l2_bandwidth") or PlanInput(
+        l2.value, f"{l2.source} (plain loads: the bulk copy's L2 rate is not measured)")
     for name, fact, what in (("tma_bytes_in_flight", "bulk_copy_bytes_in_flight_90", "TMA"),
                              ("cp_async_bytes_in_flight", "cp_async_bytes_in_flight_90", "cp.async"),
                              ("load_bytes_in_flight", "dram_bytes_in_flight_90", "plain loads")):
@@ -179,7 +183,7 @@ def _wgmma(real: Realisation, p: Problem, hw: dict) -> Terms:
     coverage = _coverage(k["stages"], 2.0 * bm * bn * 64 / per_sm, hw["tma_latency_seconds"])
     compute = waves * 2.0 * bm * bn * 64 * -(-k_blocks // splits) / (per_sm * coverage)
     slice_bytes = (bm / along_n + bn / along_m) * 64 * 2
-    l2 = tiles * k_blocks * slice_bytes / hw["l2_read_bandwidth"]
+    l2 = tiles * k_blocks * slice_bytes / hw["tma_l2_read_bandwidth"]
     in_flight = k["stages"] * (bm + bn) * 64 * 2 * min(1.0, units / hw["sm_count"])
     dram = _io_bytes(p) / (hw["dram_read_bandwidth"] * _fill(in_flight, hw["tma_bytes_in_flight"]))
     reduction = (2.0 * units * bm * bn * 4 / hw["dram_read_bandwidth"]) if splits > 1 else 0.0

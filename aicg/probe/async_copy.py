@@ -10,7 +10,11 @@ so no two blocks share one), kernels/probes/async_copy.cu:
                 thread issued before the first is used, same blocks;
   bulk copy     (compute capability 9.0+) the copy engine's non-tensor form,
                 cp.async.bulk of a 2 .. 32 KiB tile per stage completed on an
-                mbarrier, 1 .. 8 stages, one thread issuing for 128.
+                mbarrier, 1 .. 8 stages, one thread issuing for 128;
+  bulk from L2  the same copies read again and again from a quarter of the
+                L2 (the working set a tiled matrix multiply's tiles share):
+                the rate TMA tile loads reach when they hit in the L2 (the
+                working-set probe measures it with plain loads).
 Each configuration is timed by events over the bytes it reads; where two
 give the same bytes in flight the faster is kept. A mechanism's bandwidth
 is its curve's plateau (curves.plateau), and its bytes in flight the least
@@ -25,12 +29,14 @@ few cycles). The figure is the median copy of a launch, over repetitions.
 Every copy is consumed: each thread xors a word of each tile it waited for
 into a value written to a sink, and the loads fold all 16 bytes.
 
-Read by the planner: nothing yet. The row families that hold a row
+Read by the planner: the matrix prior takes the bulk copy's bytes in
+flight and latency for its TMA ring, and its L2 rate for the wgmma tiles'
+reads from the L2 (aicg/matrix/prior.py). The row families that hold a row
 (register_staging) stage it in registers through ld.global; the staged
 topology (block_staged, shared_staging) copies a row into shared memory
 with cp.async, all of it in flight at once, and the planner models that
 stream with the DRAM figures, which this probe's plateau matches within
-about 1% on the H200. None uses the bulk copy (TMA) yet.
+about 1% on the H200; none of them uses the bulk copy.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ NAME = "async_copy"
 SOURCES = (("async_copy.cu", ("sm_80", "sm_90")),)
 FIGURES = {"cp_async_bandwidth": "byte/s", "cp_async_bytes_in_flight_90": "byte",
            "bulk_copy_bandwidth": "byte/s", "bulk_copy_bytes_in_flight_90": "byte",
+           "bulk_copy_l2_bandwidth": "byte/s", "bulk_copy_l2_bytes_in_flight_90": "byte",
            "cp_async_latency_cycles": "cycle", "bulk_copy_latency_cycles": "cycle"}
 
 BUFFER_BYTES = 1 << 31
@@ -52,6 +59,8 @@ DEPTHS = (1, 2, 4, 8)                   # cp.async stages and ld.global loads pe
 BULK_TILES = (2048, 4096, 8192, 16384, 32768)
 BULK_STAGES = (1, 2, 4, 8)
 BULK_BLOCK = 128
+L2_SHARE = 4                            # the L2-resident working set: this part of the L2
+L2_STREAM_BYTES = 512 << 20             # read per launch from it
 BULK_BARRIER_BYTES = 128                # as in async_copy.cu
 BULK_MOST_IN_FLIGHT = 192 << 10         # stage bytes per block, within every sm_90 part's shared memory
 LATENCY_COUNT = 64                      # copies per latency launch
@@ -122,6 +131,7 @@ def run(gpu) -> ProbeResult:
     source = gpu.buffer(BUFFER_BYTES)
     sink = gpu.buffer(gpu.sm_count * max(BLOCKS) * 4)
     max_shared = gpu.attributes["MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"]
+    resident_bytes = gpu.attributes["L2_CACHE_SIZE"] // L2_SHARE
     # More than half an SM's shared memory: no two blocks fit on one SM, so a grid of sm_count is one per SM.
     alone = min(max_shared, gpu.attributes["MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"] // 2 + 1024)
     grid = gpu.sm_count
@@ -132,7 +142,7 @@ def run(gpu) -> ProbeResult:
         work = lambda: kernel.launch(grid, block, args, shared_bytes=shared)  # noqa: E731
         return [nbytes / (ms * 1e-3) for ms in gpu.repeat(work, REPETITIONS, LAUNCHES, warmup=1)]
 
-    cp_async, loads, bulk = [], [], []
+    cp_async, loads, bulk, bulk_l2 = [], [], [], []
     for block, depth in cp_async_configs(max_shared):
         tiles = BUFFER_BYTES // (block * 16)
         args = [(source.ptr, "ptr"), (tiles, "i64"), (sink.ptr, "ptr")]
@@ -150,11 +160,19 @@ def run(gpu) -> ProbeResult:
         kernel = gpu.kernel("async_copy.cu", "bulk_stream")
         for tile, stages in bulk_configs(max_shared):
             tiles = BUFFER_BYTES // tile
-            args = [(source.ptr, "ptr"), (tiles, "i64"), (tile, "u32"), (stages, "int"), (sink.ptr, "ptr")]
+            args = [(source.ptr, "ptr"), (tiles, "i64"), (tiles, "i64"), (tile, "u32"), (stages, "int"),
+                    (sink.ptr, "ptr")]
             bulk.append(Point(tile * stages, f"{tile} B tiles x {stages} stages",
                               timed(kernel, BULK_BLOCK, BULK_BARRIER_BYTES + tile * stages, args, tiles * tile)))
+            # the same copies again, from a working set the L2 holds (the warm-up launch brings it in)
+            tiles, span = L2_STREAM_BYTES // tile, resident_bytes // tile
+            args = [(source.ptr, "ptr"), (tiles, "i64"), (span, "i64"), (tile, "u32"), (stages, "int"),
+                    (sink.ptr, "ptr")]
+            bulk_l2.append(Point(tile * stages, f"{tile} B tiles x {stages} stages",
+                                 timed(kernel, BULK_BLOCK, BULK_BARRIER_BYTES + tile * stages, args, tiles * tile)))
             gpu.progress(f"  async_copy bulk {tile:5d} B x {stages}: "
-                         f"{statistics.median(bulk[-1].rates) / 1e12:.2f} TB/s")
+                         f"{statistics.median(bulk[-1].rates) / 1e12:.2f} TB/s from DRAM, "
+                         f"{statistics.median(bulk_l2[-1].rates) / 1e12:.2f} TB/s from the L2")
 
     stream = "one {} block per SM streaming %d GiB, bytes read over event time" % (BUFFER_BYTES >> 30)
     figures_of("cp_async", cp_async, "16-byte cp.async.cg, commit/wait_group pipelining, "
@@ -162,6 +180,9 @@ def run(gpu) -> ProbeResult:
     if bulk:
         figures_of("bulk_copy", bulk, "cp.async.bulk tiles completed on mbarriers, "
                    + stream.format(f"{BULK_BLOCK}-thread"), result)
+        figures_of("bulk_copy_l2", bulk_l2, f"cp.async.bulk tiles completed on mbarriers, one {BULK_BLOCK}-thread "
+                   f"block per SM reading {L2_STREAM_BYTES >> 20} MiB from a working set of 1/{L2_SHARE} of the L2 "
+                   f"({resident_bytes} B, brought in by a warm-up launch), bytes read over event time", result)
     else:
         result.notes.append("bulk copy: not measured; cp.async.bulk needs compute capability 9.0")
     load_best = best_by_bytes_in_flight(loads)

@@ -27,10 +27,11 @@ f16 MMAs (Hopper runs fp8 natively only in wgmma), so `mma_sync_fp8_flops`
 there is the rate of that emulation, with the conversion hoisted out of the
 loop because the operands never change.
 
-Read by the planner: nothing yet. No matrix family exists; a matmul
-family's prior would read `wgmma_bf16_flops` (Hopper) or
-`mma_sync_bf16_flops` (Ampere) as its compute ceiling, beside the
-datasheet's bf16_tensor_flops.
+Read by the planner: the matrix prior (aicg/matrix/prior.py) takes
+`wgmma_bf16_flops` (and `wgmma_fp16_flops` where measured) as the wgmma
+template's compute ceiling and `mma_sync_bf16_flops` / `mma_sync_fp16_flops`
+as mma.sync's, in place of the datasheet's bf16_tensor_flops; the report
+sets each matrix case against `wgmma_bf16_flops`.
 """
 from __future__ import annotations
 

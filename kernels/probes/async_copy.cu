@@ -144,8 +144,10 @@ __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity)
 
 // Dynamic shared memory: `stages` mbarriers in the first 128 bytes, then
 // `stages` tiles of `tile_bytes` (a multiple of 16). One thread issues; all wait.
+// The source holds `span` distinct tiles, read again past the last: a span
+// within the L2 streams from it, a span of all the tiles from DRAM.
 #define BULK_BARRIER_BYTES 128
-extern "C" __global__ void bulk_stream(const unsigned char* __restrict__ source, long long tiles,
+extern "C" __global__ void bulk_stream(const unsigned char* __restrict__ source, long long tiles, long long span,
                                        unsigned tile_bytes, int stages, unsigned* __restrict__ sink) {
     extern __shared__ __align__(128) unsigned char shared[];
     const unsigned barriers = shared_address(shared);
@@ -155,7 +157,8 @@ extern "C" __global__ void bulk_stream(const unsigned char* __restrict__ source,
         for (int s = 0; s < stages; ++s) mbarrier_init(barriers + 8 * s);
         mbarrier_init_fence();
         for (int s = 0; s < stages && s < mine; ++s)
-            bulk_copy(data + s * tile_bytes, source + tile_index(s) * tile_bytes, tile_bytes, barriers + 8 * s);
+            bulk_copy(data + s * tile_bytes, source + tile_index(s) % span * tile_bytes, tile_bytes,
+                      barriers + 8 * s);
     }
     __syncthreads();
     const unsigned word = threadIdx.x % (tile_bytes / 4);
@@ -166,7 +169,7 @@ extern "C" __global__ void bulk_stream(const unsigned char* __restrict__ source,
         acc ^= ((const volatile unsigned*)(shared + BULK_BARRIER_BYTES + (size_t)s * tile_bytes))[word];
         __syncthreads();   // every thread has read stage s before it is refilled
         if (threadIdx.x == 0 && k + stages < mine)
-            bulk_copy(data + s * tile_bytes, source + tile_index(k + stages) * tile_bytes, tile_bytes,
+            bulk_copy(data + s * tile_bytes, source + tile_index(k + stages) % span * tile_bytes, tile_bytes,
                       barriers + 8 * s);
         if (++s == stages) s = 0, parity ^= 1;
     }
