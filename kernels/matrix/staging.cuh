@@ -127,50 +127,39 @@ struct StagedEpilogue {
   template <int ACC>
   __device__ __forceinline__ void finish(const float (&acc)[M_ATOMS][ACC], int row0, int col0) const {
     static_assert(ACC == BN / 2, "BN / 2 accumulators a row block");
-    const int thread = threadIdx.x % THREADS, warp = thread / 32, lane = thread % 32;
-    const int q = lane % 4;
+    const int thread = threadIdx.x % THREADS;
     if constexpr (RESIDUAL || BIAS) {
       cp_async_wait_all();
       sync();   // every thread's prefetched chunks visible to all
     }
+    // Where every operand came by vector the whole block takes one branch-free path, whose
+    // arithmetic the compiler can interleave across elements; the general path tests each element.
+    if ((!RESIDUAL || residual_vectors) && (!BIAS || bias_vectors))
+      finish_block<true>(acc, row0, col0);
+    else
+      finish_block<false>(acc, row0, col0);
+    sync();   // the block is whole in the buffer
+    if (c_vectors && row0 + ROWS <= m && col0 + BN <= n) {
+      // the block lies inside C: no tests, and four chunks read out before any is stored
+      constexpr int BATCH = CHUNKS / THREADS < 4 ? CHUNKS / THREADS : 4;
+      static_assert((CHUNKS / THREADS) % BATCH == 0, "whole batches of chunks a thread");
 #pragma unroll
-    for (int atom = 0; atom < M_ATOMS; ++atom) {
+      for (int i0 = 0; i0 < CHUNKS / THREADS; i0 += BATCH) {
+        uint4 chunks[BATCH];
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = 8 * j + 2 * q;
-        float b0 = 0.0f, b1 = 0.0f;
-        if constexpr (BIAS) {
-          if (bias_vectors) {
-            const unsigned word = load_shared_u32(buffer + BLOCK_BYTES + 2 * col);
-            b0 = half_of(word, 0, T{});
-            b1 = half_of(word, 1, T{});
-          } else {
-            if (col0 + col < n) b0 = to_float(bias[col0 + col]);
-            if (col0 + col + 1 < n) b1 = to_float(bias[col0 + col + 1]);
-          }
+        for (int i = 0; i < BATCH; ++i) {
+          const int chunk = thread + (i0 + i) * THREADS;
+          chunks[i] = load_shared_vector(buffer + offset(chunk / ROW_CHUNKS, chunk % ROW_CHUNKS));
         }
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = 64 * atom + 16 * warp + lane / 4 + 8 * half;
-          const unsigned at = buffer + offset(r, j) + 4 * q;
-          float y0 = activate<ACT>(acc[atom][4 * j + 2 * half] + b0);
-          float y1 = activate<ACT>(acc[atom][4 * j + 2 * half + 1] + b1);
-          if constexpr (RESIDUAL) {
-            if (residual_vectors) {
-              const unsigned word = load_shared_u32(at);
-              y0 += half_of(word, 0, T{});
-              y1 += half_of(word, 1, T{});
-            } else if (row0 + r < m) {
-              const T* from = residual + (row0 + r) * ldr + col0 + col;
-              if (col0 + col < n) y0 += to_float(from[0]);
-              if (col0 + col + 1 < n) y1 += to_float(from[1]);
-            }
-          }
-          store_shared_u32(at, round_pair(y0, y1, T{}));
+        for (int i = 0; i < BATCH; ++i) {
+          const int chunk = thread + (i0 + i) * THREADS;
+          store_global_16(c + (row0 + chunk / ROW_CHUNKS) * ldc + col0 + 8 * (chunk % ROW_CHUNKS), chunks[i]);
         }
       }
+      sync();   // the buffer is free for the next prefetch
+      return;
     }
-    sync();   // the block is whole in the buffer
 #pragma unroll
     for (int i = 0; i < CHUNKS / THREADS; ++i) {
       const int chunk = thread + i * THREADS, r = chunk / ROW_CHUNKS, j = chunk % ROW_CHUNKS;
@@ -188,6 +177,71 @@ struct StagedEpilogue {
       }
     }
     sync();   // the buffer is free for the next prefetch
+  }
+
+  // Bias, activation, residual and rounding of the thread's fragments, written over the residual in
+  // the buffer. GROUP column chunks at a time: their shared-memory words are all read before any
+  // is written back (the accesses are volatile and keep their order), so the reads go out together
+  // and the elements' arithmetic has no store between them. ALL_VECTORS: the residual and the bias
+  // are in the buffer (where the epilogue has them), with no test an element.
+  template <bool ALL_VECTORS, int ACC>
+  __device__ __forceinline__ void finish_block(const float (&acc)[M_ATOMS][ACC], int row0, int col0) const {
+    constexpr int GROUP = 4;
+    static_assert(ROW_CHUNKS % GROUP == 0, "whole groups of chunks a row");
+    const int thread = threadIdx.x % THREADS, warp = thread / 32, lane = thread % 32;
+    const int q = lane % 4;
+#pragma unroll
+    for (int atom = 0; atom < M_ATOMS; ++atom) {
+#pragma unroll
+      for (int j0 = 0; j0 < ROW_CHUNKS; j0 += GROUP) {
+        unsigned bias_words[GROUP], residual_words[GROUP][2];
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+          const int j = j0 + g, col = 8 * j + 2 * q;
+          if constexpr (BIAS) {
+            if (ALL_VECTORS || bias_vectors) bias_words[g] = load_shared_u32(buffer + BLOCK_BYTES + 2 * col);
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = 64 * atom + 16 * warp + lane / 4 + 8 * half;
+            if constexpr (RESIDUAL) {
+              if (ALL_VECTORS || residual_vectors) residual_words[g][half] = load_shared_u32(buffer + offset(r, j) + 4 * q);
+            }
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+          const int j = j0 + g, col = 8 * j + 2 * q;
+          float b0 = 0.0f, b1 = 0.0f;
+          if constexpr (BIAS) {
+            if (ALL_VECTORS || bias_vectors) {
+              b0 = half_of(bias_words[g], 0, T{});
+              b1 = half_of(bias_words[g], 1, T{});
+            } else {
+              if (col0 + col < n) b0 = to_float(bias[col0 + col]);
+              if (col0 + col + 1 < n) b1 = to_float(bias[col0 + col + 1]);
+            }
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = 64 * atom + 16 * warp + lane / 4 + 8 * half;
+            float y0 = activate<ACT>(acc[atom][4 * j + 2 * half] + b0);
+            float y1 = activate<ACT>(acc[atom][4 * j + 2 * half + 1] + b1);
+            if constexpr (RESIDUAL) {
+              if (ALL_VECTORS || residual_vectors) {
+                y0 += half_of(residual_words[g][half], 0, T{});
+                y1 += half_of(residual_words[g][half], 1, T{});
+              } else if (row0 + r < m) {
+                const T* from = residual + (row0 + r) * ldr + col0 + col;
+                if (col0 + col < n) y0 += to_float(from[0]);
+                if (col0 + col + 1 < n) y1 += to_float(from[1]);
+              }
+            }
+            store_shared_u32(buffer + offset(r, j) + 4 * q, round_pair(y0, y1, T{}));
+          }
+        }
+      }
+    }
   }
 };
 
