@@ -41,6 +41,9 @@ __device__ __forceinline__ float activate(float x) {
 // straddles that alignment.
 template <typename T, int ACT, bool BIAS, bool RESIDUAL>
 struct Epilogue {
+  using Element = T;
+  static constexpr int ACTIVATION = ACT;
+  static constexpr bool HAS_BIAS = BIAS, HAS_RESIDUAL = RESIDUAL;
   T* c;
   long long ldc;
   const T* bias;
@@ -65,6 +68,11 @@ struct Epilogue {
     float v = activate<ACT>(acc + b);
     if constexpr (RESIDUAL) v += to_float(residual[row * ldr + col]);
     return v;
+  }
+
+  // Whether rows up to `last_row` and columns below `end_col` lie inside C and move as words.
+  __device__ __forceinline__ bool words_inside(int last_row, int end_col) const {
+    return pairs && last_row < m && end_col <= n;
   }
 
   // Results for (row, col) and (row, col + 1); col is even.
@@ -107,6 +115,52 @@ __device__ __forceinline__ void store_fragment(const E& ep, int row0, int col0, 
   const int row = row0 + lane / 4, col = col0 + 2 * (lane % 4);
   ep.store2(row, col, v[0], v[1]);
   ep.store2(row + 8, col, v[2], v[3]);
+}
+
+// G fragments side by side, fragment g at columns col0 + 8 g from v + 4 g: as store_fragment each,
+// but where all of them lie inside C and move as words, every residual and bias word they need is
+// read before any result is stored. In store2's order a residual load waits for the store before it
+// (the compiler cannot tell that c and residual differ); here the loads go out together. In place
+// (c == residual) it is the same: a thread reads only the words it writes.
+template <int G, typename E>
+__device__ __forceinline__ void store_fragments(const E& ep, int row0, int col0, const float* v) {
+  const int lane = threadIdx.x % 32;
+  const int row = row0 + lane / 4, col = col0 + 2 * (lane % 4);
+  if (!ep.words_inside(row + 8, col0 + 8 * G)) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) store_fragment(ep, row0, col0 + 8 * g, v + 4 * g);
+    return;
+  }
+  using T = typename E::Element;
+  const long long r = row;
+  unsigned bias_words[G], residual_words[G][2];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if constexpr (E::HAS_BIAS) bias_words[g] = *reinterpret_cast<const unsigned*>(ep.bias + col + 8 * g);
+    if constexpr (E::HAS_RESIDUAL) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        residual_words[g][half] = *reinterpret_cast<const unsigned*>(ep.residual + (r + 8 * half) * ep.ldr + col + 8 * g);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float b0 = 0.0f, b1 = 0.0f;
+    if constexpr (E::HAS_BIAS) {
+      b0 = half_of(bias_words[g], 0, T{});
+      b1 = half_of(bias_words[g], 1, T{});
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float y0 = activate<E::ACTIVATION>(v[4 * g + 2 * half] + b0);
+      float y1 = activate<E::ACTIVATION>(v[4 * g + 2 * half + 1] + b1);
+      if constexpr (E::HAS_RESIDUAL) {
+        y0 += half_of(residual_words[g][half], 0, T{});
+        y1 += half_of(residual_words[g][half], 1, T{});
+      }
+      *reinterpret_cast<unsigned*>(ep.c + (r + 8 * half) * ep.ldc + col + 8 * g) = round_pair(y0, y1, T{});
+    }
+  }
 }
 
 }  // namespace matrix

@@ -169,10 +169,11 @@ __device__ __forceinline__ void gemm_mma(const T* a, int lda, const T* b, int ld
   cp_async_wait<0>();
 
   const Epilogue<T, ACT, BIAS, RESIDUAL> epilogue(c, ldc, bias, residual, ldr, m, n);
+  constexpr int G = Tile::FN % 4 == 0 ? 4 : Tile::FN % 2 == 0 ? 2 : 1;   // fragments read ahead together
 #pragma unroll
   for (int i = 0; i < Tile::FM; ++i)
 #pragma unroll
-    for (int j = 0; j < Tile::FN; ++j) store_fragment(epilogue, m0 + wm0 + 16 * i, n0 + wn0 + 8 * j, acc[i][j]);
+    for (int j = 0; j < Tile::FN; j += G) store_fragments<G>(epilogue, m0 + wm0 + 16 * i, n0 + wn0 + 8 * j, acc[i][j]);
 }
 
 }  // namespace matrix
