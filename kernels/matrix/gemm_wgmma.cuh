@@ -316,6 +316,16 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
           at.skip(kb1 - kb0);
           continue;
         }
+      }
+      const int row0 = tm * BM + (Tile::PINGPONG ? 0 : consumer * Tile::WG_M), col0 = tn * BN;
+      // A split unit learns only after its K loop whether it finishes the tile (and needs the residual).
+      const bool split = SPLIT_K > 1 && work.splits > 1;
+      if constexpr (STORE == STORE_STAGED) {
+        // before a pingpong consumer's turn: the copies' setup then runs while the other's K loop
+        // keeps the tensor cores busy, not between the two K loops
+        if (!split) staged.prefetch(row0, col0);
+      }
+      if constexpr (Tile::PINGPONG) {
         // Our K loop starts once the other consumer has waited for every slice
         // before ours: only then is each slot at most one phase behind the
         // slice we wait for, so a parity wait cannot be satisfied by an older
@@ -325,12 +335,6 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
         else if (mine > 0)
           barrier_wait(turn0, (mine - 1) & 1);
         ++mine;
-      }
-      const int row0 = tm * BM + (Tile::PINGPONG ? 0 : consumer * Tile::WG_M), col0 = tn * BN;
-      // A split unit learns only after its K loop whether it finishes the tile (and needs the residual).
-      const bool split = SPLIT_K > 1 && work.splits > 1;
-      if constexpr (STORE == STORE_STAGED) {
-        if (!split) staged.prefetch(row0, col0);
       }
 
       int held = 0;   // the slot whose wgmma may still be reading it

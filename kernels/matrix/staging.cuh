@@ -101,7 +101,15 @@ struct StagedEpilogue {
   __device__ __forceinline__ void prefetch(int row0, int col0) const {
     const int thread = threadIdx.x % THREADS;
     if constexpr (RESIDUAL) {
-      if (residual_vectors) {
+      if (residual_vectors && row0 + ROWS <= m && col0 + BN <= n) {
+        // the block lies inside the residual: whole chunks, none tested
+        const T* from = residual + row0 * ldr + col0;
+#pragma unroll
+        for (int i = 0; i < CHUNKS / THREADS; ++i) {
+          const int chunk = thread + i * THREADS, r = chunk / ROW_CHUNKS, j = chunk % ROW_CHUNKS;
+          cp_async_16(buffer + offset(r, j), from + r * ldr + 8 * j, 16);
+        }
+      } else if (residual_vectors) {
 #pragma unroll
         for (int i = 0; i < CHUNKS / THREADS; ++i) {
           const int chunk = thread + i * THREADS, r = chunk / ROW_CHUNKS, j = chunk % ROW_CHUNKS;
