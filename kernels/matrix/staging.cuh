@@ -135,7 +135,6 @@ struct StagedEpilogue {
   template <int ACC>
   __device__ __forceinline__ void finish(const float (&acc)[M_ATOMS][ACC], int row0, int col0) const {
     static_assert(ACC == BN / 2, "BN / 2 accumulators a row block");
-    const int thread = threadIdx.x % THREADS;
     if constexpr (RESIDUAL || BIAS) {
       cp_async_wait_all();
       sync();   // every thread's prefetched chunks visible to all
@@ -147,27 +146,38 @@ struct StagedEpilogue {
     else
       finish_block<false>(acc, row0, col0);
     sync();   // the block is whole in the buffer
-    if (c_vectors && row0 + ROWS <= m && col0 + BN <= n) {
-      // the block lies inside C: no tests, and four chunks read out before any is stored
-      constexpr int BATCH = CHUNKS / THREADS < 4 ? CHUNKS / THREADS : 4;
-      static_assert((CHUNKS / THREADS) % BATCH == 0, "whole batches of chunks a thread");
+    if (c_vectors && row0 + ROWS <= m && col0 + BN <= n)
+      copy_out_whole(row0, col0);
+    else
+      copy_out_clipped(row0, col0);
+    sync();   // the buffer is free for the next prefetch
+  }
+
+  // The buffer to C where the block lies inside it: no tests, and four chunks read out before any
+  // is stored.
+  __device__ __forceinline__ void copy_out_whole(int row0, int col0) const {
+    constexpr int BATCH = CHUNKS / THREADS < 4 ? CHUNKS / THREADS : 4;
+    static_assert((CHUNKS / THREADS) % BATCH == 0, "whole batches of chunks a thread");
+    const int thread = threadIdx.x % THREADS;
 #pragma unroll
-      for (int i0 = 0; i0 < CHUNKS / THREADS; i0 += BATCH) {
-        uint4 chunks[BATCH];
+    for (int i0 = 0; i0 < CHUNKS / THREADS; i0 += BATCH) {
+      uint4 chunks[BATCH];
 #pragma unroll
-        for (int i = 0; i < BATCH; ++i) {
-          const int chunk = thread + (i0 + i) * THREADS;
-          chunks[i] = load_shared_vector(buffer + offset(chunk / ROW_CHUNKS, chunk % ROW_CHUNKS));
-        }
-#pragma unroll
-        for (int i = 0; i < BATCH; ++i) {
-          const int chunk = thread + (i0 + i) * THREADS;
-          store_global_16(c + (row0 + chunk / ROW_CHUNKS) * ldc + col0 + 8 * (chunk % ROW_CHUNKS), chunks[i]);
-        }
+      for (int i = 0; i < BATCH; ++i) {
+        const int chunk = thread + (i0 + i) * THREADS;
+        chunks[i] = load_shared_vector(buffer + offset(chunk / ROW_CHUNKS, chunk % ROW_CHUNKS));
       }
-      sync();   // the buffer is free for the next prefetch
-      return;
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i) {
+        const int chunk = thread + (i0 + i) * THREADS;
+        store_global_16(c + (row0 + chunk / ROW_CHUNKS) * ldc + col0 + 8 * (chunk % ROW_CHUNKS), chunks[i]);
+      }
     }
+  }
+
+  // The buffer to C clipped to M x N, in 16-byte vectors where C allows, else an element at a time.
+  __device__ __forceinline__ void copy_out_clipped(int row0, int col0) const {
+    const int thread = threadIdx.x % THREADS;
 #pragma unroll
     for (int i = 0; i < CHUNKS / THREADS; ++i) {
       const int chunk = thread + i * THREADS, r = chunk / ROW_CHUNKS, j = chunk % ROW_CHUNKS;
@@ -184,7 +194,6 @@ struct StagedEpilogue {
           if (col + e < n) to[e].bits = static_cast<unsigned short>(words[e / 2] >> (16 * (e % 2)));
       }
     }
-    sync();   // the buffer is free for the next prefetch
   }
 
   // Bias, activation, residual and rounding of the thread's fragments, written over the residual in
