@@ -49,7 +49,7 @@ MUTANTS = (
     # both stores: the pair of 16-bit results written as one word (aligned outputs, the problems
     # below) and one result at a time
     Mutant("leaves the bias out of even columns", "gemv", Epilogue(bias=True), "matrix/epilogue.cuh",
-           (("b0 = half_of(word, 0, T{});", "b0 = 0.0f;"), ("b0 = to_float(bias[col]);", "b0 = 0.0f;"))),
+           (("b0 = half_of(bias_word, 0, T{});", "b0 = 0.0f;"), ("b0 = to_float(bias[col]);", "b0 = 0.0f;"))),
     Mutant("keeps a previous result", "wgmma", Epilogue(), "source", STALE),
 )
 

@@ -41,8 +41,6 @@ __device__ __forceinline__ float activate(float x) {
 // straddles that alignment.
 template <typename T, int ACT, bool BIAS, bool RESIDUAL>
 struct Epilogue {
-  using Element = T;
-  static constexpr int ACTIVATION = ACT;
   static constexpr bool HAS_BIAS = BIAS, HAS_RESIDUAL = RESIDUAL;
   T* c;
   long long ldc;
@@ -75,24 +73,30 @@ struct Epilogue {
     return pairs && last_row < m && end_col <= n;
   }
 
+  // Two adjacent results, finished and rounded into one word: their bias and residual pairs come as
+  // words (read where the epilogue has them).
+  __device__ __forceinline__ unsigned pair_word(float v0, float v1, unsigned bias_word, unsigned residual_word) const {
+    float b0 = 0.0f, b1 = 0.0f;
+    if constexpr (BIAS) {
+      b0 = half_of(bias_word, 0, T{});
+      b1 = half_of(bias_word, 1, T{});
+    }
+    float y0 = activate<ACT>(v0 + b0), y1 = activate<ACT>(v1 + b1);
+    if constexpr (RESIDUAL) {
+      y0 += half_of(residual_word, 0, T{});
+      y1 += half_of(residual_word, 1, T{});
+    }
+    return round_pair(y0, y1, T{});
+  }
+
   // Results for (row, col) and (row, col + 1); col is even.
   __device__ __forceinline__ void store2(int row, int col, float v0, float v1) const {
     if (row >= m || col >= n) return;
     const long long r = row;
     if (pairs && col + 1 < n) {
-      float b0 = 0.0f, b1 = 0.0f;
-      if constexpr (BIAS) {
-        const unsigned word = *reinterpret_cast<const unsigned*>(bias + col);
-        b0 = half_of(word, 0, T{});
-        b1 = half_of(word, 1, T{});
-      }
-      float y0 = activate<ACT>(v0 + b0), y1 = activate<ACT>(v1 + b1);
-      if constexpr (RESIDUAL) {
-        const unsigned word = *reinterpret_cast<const unsigned*>(residual + r * ldr + col);
-        y0 += half_of(word, 0, T{});
-        y1 += half_of(word, 1, T{});
-      }
-      *reinterpret_cast<unsigned*>(c + r * ldc + col) = round_pair(y0, y1, T{});
+      const unsigned bias_word = BIAS ? *reinterpret_cast<const unsigned*>(bias + col) : 0u;
+      const unsigned residual_word = RESIDUAL ? *reinterpret_cast<const unsigned*>(residual + r * ldr + col) : 0u;
+      *reinterpret_cast<unsigned*>(c + r * ldc + col) = pair_word(v0, v1, bias_word, residual_word);
       return;
     }
     float b0 = 0.0f;
@@ -131,9 +135,8 @@ __device__ __forceinline__ void store_fragments(const E& ep, int row0, int col0,
     for (int g = 0; g < G; ++g) store_fragment(ep, row0, col0 + 8 * g, v + 4 * g);
     return;
   }
-  using T = typename E::Element;
   const long long r = row;
-  unsigned bias_words[G], residual_words[G][2];
+  unsigned bias_words[G] = {}, residual_words[G][2] = {};
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     if constexpr (E::HAS_BIAS) bias_words[g] = *reinterpret_cast<const unsigned*>(ep.bias + col + 8 * g);
@@ -145,21 +148,10 @@ __device__ __forceinline__ void store_fragments(const E& ep, int row0, int col0,
   }
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    float b0 = 0.0f, b1 = 0.0f;
-    if constexpr (E::HAS_BIAS) {
-      b0 = half_of(bias_words[g], 0, T{});
-      b1 = half_of(bias_words[g], 1, T{});
-    }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float y0 = activate<E::ACTIVATION>(v[4 * g + 2 * half] + b0);
-      float y1 = activate<E::ACTIVATION>(v[4 * g + 2 * half + 1] + b1);
-      if constexpr (E::HAS_RESIDUAL) {
-        y0 += half_of(residual_words[g][half], 0, T{});
-        y1 += half_of(residual_words[g][half], 1, T{});
-      }
-      *reinterpret_cast<unsigned*>(ep.c + (r + 8 * half) * ep.ldc + col + 8 * g) = round_pair(y0, y1, T{});
-    }
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<unsigned*>(ep.c + (r + 8 * half) * ep.ldc + col + 8 * g) =
+          ep.pair_word(v[4 * g + 2 * half], v[4 * g + 2 * half + 1], bias_words[g], residual_words[g][half]);
   }
 }
 
