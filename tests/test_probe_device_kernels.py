@@ -497,7 +497,8 @@ def test_run_on_a_stand_in_gpu(probe, device, resident_by_registers):
     if not hopper:
         expected -= {"wgmma_bf16_flops", "wgmma_fp8_flops", "mma_sync_fp8_flops", "bulk_copy_bandwidth",
                      "bulk_copy_bytes_in_flight_90", "bulk_copy_latency_cycles", "bulk_copy_l2_bandwidth",
-                     "bulk_copy_l2_bytes_in_flight_90"}
+                     "bulk_copy_l2_bytes_in_flight_90", "bulk_copy_l2_shared_bandwidth",
+                     "bulk_copy_l2_shared_bytes_in_flight_90"}
     assert names == expected
     for f in result.figures:
         assert f.unit == probe.FIGURES[f.name] and f.repetitions >= 5
@@ -525,6 +526,27 @@ def test_async_copy_launches_one_block_per_sm(monkeypatch):
     monkeypatch.setattr(FakeKernel, "launch", spy)
     async_copy.run(gpu)
     assert seen and min(seen) > H200["attributes"]["MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"] // 2
+
+
+def test_async_copy_shared_series_reads_each_tile_from_several_sms_and_moves_on(monkeypatch):
+    """The L2 series whose tiles several SMs read at once: at each step about L2_SHARED_BY blocks read the same
+    tile (blocks b and b + span), and each block reads a different tile the next step (grid is no multiple of
+    the span)."""
+    gpu = FakeGPU(H200)
+    spans = set()
+    launch = FakeKernel.launch
+
+    def spy(self, grid, block, args, stream=0, shared_bytes=0):
+        if self.entry == "bulk_stream" and args[2][0] < grid:
+            spans.add((grid, args[2][0]))
+        return launch(self, grid, block, args, stream, shared_bytes)
+    monkeypatch.setattr(FakeKernel, "launch", spy)
+    async_copy.run(gpu)
+    assert spans
+    for grid, span in spans:
+        readers = [sum(1 for b in range(grid) if (b + k * grid) % span == t) for k in range(3) for t in range(span)]
+        assert async_copy.L2_SHARED_BY - 1 <= min(readers) and max(readers) <= async_copy.L2_SHARED_BY
+        assert [(0 + k * grid) % span for k in range(3)] != [0, 0, 0]
 
 
 def test_atomics_check_catches_a_wrong_count(monkeypatch):

@@ -16,7 +16,8 @@ A tiled realisation (wgmma, mma) takes the longest of:
             copies are asynchronous
   L2        every tile's A and B slices, (block_m + block_n) x K, read from L2
             (an operand a cluster shares counts once a cluster: B along M, A along N)
-            at the L2 rate of their loads: TMA's (the bulk copy's) for wgmma
+            at the L2 rate of their loads: for wgmma the bulk copy's (TMA's), of tiles
+            several SMs read at once where the probe measured that
   DRAM      A, B and C (and the residual) once, at the bandwidth the bytes in
             flight (stages x slice bytes x resident CTAs) reach
 plus a split-K reduction's partial sums written and read back, and a launch.
@@ -112,8 +113,9 @@ def inputs(hardware: Hardware) -> dict[str, PlanInput]:
     found["l2_read_bandwidth"] = _fact(hardware, "l2_read_bandwidth") or PlanInput(
         3.0 * dram.value, f"3 x {dram.source} (prior constant: an L2 read against a DRAM read)")
     l2 = found["l2_read_bandwidth"]
-    found["tma_l2_read_bandwidth"] = _fact(hardware, "bulk_copy_l2_bandwidth") or PlanInput(
-        l2.value, f"{l2.source} (plain loads: the bulk copy's L2 rate is not measured)")
+    # the slices a wave of tiles shares are read by several SMs at once: the bulk copy's rate so, where measured
+    found["tma_l2_read_bandwidth"] = _fact(hardware, "bulk_copy_l2_shared_bandwidth", "bulk_copy_l2_bandwidth") or \
+        PlanInput(l2.value, f"{l2.source} (plain loads: the bulk copy's L2 rate is not measured)")
     for name, fact, what in (("tma_bytes_in_flight", "bulk_copy_bytes_in_flight_90", "TMA"),
                              ("cp_async_bytes_in_flight", "cp_async_bytes_in_flight_90", "cp.async"),
                              ("load_bytes_in_flight", "dram_bytes_in_flight_90", "plain loads")):

@@ -12,9 +12,10 @@ so no two blocks share one), kernels/probes/async_copy.cu:
                 cp.async.bulk of a 2 .. 32 KiB tile per stage completed on an
                 mbarrier, 1 .. 8 stages, one thread issuing for 128;
   bulk from L2  the same copies read again and again from a quarter of the
-                L2 (the working set a tiled matrix multiply's tiles share):
-                the rate TMA tile loads reach when they hit in the L2 (the
-                working-set probe measures it with plain loads).
+                L2: the rate TMA tile loads reach when they hit in the L2
+                (the working-set probe measures it with plain loads); and
+                from a few tiles each read by about 8 SMs at the same step,
+                as a wave of matrix tiles reads the slices its CTAs share.
 Each configuration is timed by events over the bytes it reads; where two
 give the same bytes in flight the faster is kept. A mechanism's bandwidth
 is its curve's plateau (curves.plateau), and its bytes in flight the least
@@ -51,6 +52,7 @@ SOURCES = (("async_copy.cu", ("sm_80", "sm_90")),)
 FIGURES = {"cp_async_bandwidth": "byte/s", "cp_async_bytes_in_flight_90": "byte",
            "bulk_copy_bandwidth": "byte/s", "bulk_copy_bytes_in_flight_90": "byte",
            "bulk_copy_l2_bandwidth": "byte/s", "bulk_copy_l2_bytes_in_flight_90": "byte",
+           "bulk_copy_l2_shared_bandwidth": "byte/s", "bulk_copy_l2_shared_bytes_in_flight_90": "byte",
            "cp_async_latency_cycles": "cycle", "bulk_copy_latency_cycles": "cycle"}
 
 BUFFER_BYTES = 1 << 31
@@ -61,6 +63,7 @@ BULK_STAGES = (1, 2, 4, 8)
 BULK_BLOCK = 128
 L2_SHARE = 4                            # the L2-resident working set: this part of the L2
 L2_STREAM_BYTES = 512 << 20             # read per launch from it
+L2_SHARED_BY = 8                        # SMs reading a tile at once in the shared series (a band of 8 tiles' slice)
 BULK_BARRIER_BYTES = 128                # as in async_copy.cu
 BULK_MOST_IN_FLIGHT = 192 << 10         # stage bytes per block, within every sm_90 part's shared memory
 LATENCY_COUNT = 64                      # copies per latency launch
@@ -142,7 +145,7 @@ def run(gpu) -> ProbeResult:
         work = lambda: kernel.launch(grid, block, args, shared_bytes=shared)  # noqa: E731
         return [nbytes / (ms * 1e-3) for ms in gpu.repeat(work, REPETITIONS, LAUNCHES, warmup=1)]
 
-    cp_async, loads, bulk, bulk_l2 = [], [], [], []
+    cp_async, loads, bulk, bulk_l2, bulk_l2_shared = [], [], [], [], []
     for block, depth in cp_async_configs(max_shared):
         tiles = BUFFER_BYTES // (block * 16)
         args = [(source.ptr, "ptr"), (tiles, "i64"), (sink.ptr, "ptr")]
@@ -158,21 +161,23 @@ def run(gpu) -> ProbeResult:
                      f"{statistics.median(loads[-1].rates) / 1e12:.2f} TB/s")
     if hopper:
         kernel = gpu.kernel("async_copy.cu", "bulk_stream")
-        for tile, stages in bulk_configs(max_shared):
-            tiles = BUFFER_BYTES // tile
-            args = [(source.ptr, "ptr"), (tiles, "i64"), (tiles, "i64"), (tile, "u32"), (stages, "int"),
-                    (sink.ptr, "ptr")]
-            bulk.append(Point(tile * stages, f"{tile} B tiles x {stages} stages",
-                              timed(kernel, BULK_BLOCK, BULK_BARRIER_BYTES + tile * stages, args, tiles * tile)))
-            # the same copies again, from a working set the L2 holds (the warm-up launch brings it in)
-            tiles, span = L2_STREAM_BYTES // tile, resident_bytes // tile
+        def bulk_point(tiles: int, span: int, tile: int, stages: int) -> Point:
             args = [(source.ptr, "ptr"), (tiles, "i64"), (span, "i64"), (tile, "u32"), (stages, "int"),
                     (sink.ptr, "ptr")]
-            bulk_l2.append(Point(tile * stages, f"{tile} B tiles x {stages} stages",
-                                 timed(kernel, BULK_BLOCK, BULK_BARRIER_BYTES + tile * stages, args, tiles * tile)))
+            return Point(tile * stages, f"{tile} B tiles x {stages} stages",
+                         timed(kernel, BULK_BLOCK, BULK_BARRIER_BYTES + tile * stages, args, tiles * tile))
+
+        for tile, stages in bulk_configs(max_shared):
+            bulk.append(bulk_point(BUFFER_BYTES // tile, BUFFER_BYTES // tile, tile, stages))
+            # again from a working set the L2 holds (the warm-up launch brings it in), each tile read by one SM
+            # a pass; then with every tile read by about L2_SHARED_BY SMs at the same step, as the CTAs of a
+            # wave of matrix tiles read the slices they share (the span's remainder moves each SM on a tile)
+            bulk_l2.append(bulk_point(L2_STREAM_BYTES // tile, resident_bytes // tile, tile, stages))
+            bulk_l2_shared.append(bulk_point(L2_STREAM_BYTES // tile, grid // L2_SHARED_BY + 1, tile, stages))
             gpu.progress(f"  async_copy bulk {tile:5d} B x {stages}: "
                          f"{statistics.median(bulk[-1].rates) / 1e12:.2f} TB/s from DRAM, "
-                         f"{statistics.median(bulk_l2[-1].rates) / 1e12:.2f} TB/s from the L2")
+                         f"{statistics.median(bulk_l2[-1].rates) / 1e12:.2f} TB/s from the L2, "
+                         f"{statistics.median(bulk_l2_shared[-1].rates) / 1e12:.2f} TB/s shared")
 
     stream = "one {} block per SM streaming %d GiB, bytes read over event time" % (BUFFER_BYTES >> 30)
     figures_of("cp_async", cp_async, "16-byte cp.async.cg, commit/wait_group pipelining, "
@@ -183,6 +188,10 @@ def run(gpu) -> ProbeResult:
         figures_of("bulk_copy_l2", bulk_l2, f"cp.async.bulk tiles completed on mbarriers, one {BULK_BLOCK}-thread "
                    f"block per SM reading {L2_STREAM_BYTES >> 20} MiB from a working set of 1/{L2_SHARE} of the L2 "
                    f"({resident_bytes} B, brought in by a warm-up launch), bytes read over event time", result)
+        figures_of("bulk_copy_l2_shared", bulk_l2_shared, f"cp.async.bulk tiles completed on mbarriers, one "
+                   f"{BULK_BLOCK}-thread block per SM reading {L2_STREAM_BYTES >> 20} MiB from {grid // L2_SHARED_BY + 1} "
+                   f"tiles held in the L2, each read by about {L2_SHARED_BY} SMs at the same step, bytes delivered "
+                   f"over event time", result)
     else:
         result.notes.append("bulk copy: not measured; cp.async.bulk needs compute capability 9.0")
     load_best = best_by_bytes_in_flight(loads)
