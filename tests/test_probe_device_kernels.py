@@ -495,10 +495,8 @@ def test_run_on_a_stand_in_gpu(probe, device, resident_by_registers):
     hopper = device is H200
     expected = set(probe.FIGURES)
     if not hopper:
-        expected -= {"wgmma_bf16_flops", "wgmma_fp8_flops", "mma_sync_fp8_flops", "bulk_copy_bandwidth",
-                     "bulk_copy_bytes_in_flight_90", "bulk_copy_latency_cycles", "bulk_copy_l2_bandwidth",
-                     "bulk_copy_l2_bytes_in_flight_90", "bulk_copy_l2_shared_bandwidth",
-                     "bulk_copy_l2_shared_bytes_in_flight_90"}
+        # wgmma and the bulk copy are Hopper's; Ampere's mma.sync has no fp8
+        expected = {name for name in expected if not name.startswith(("wgmma_", "bulk_copy_"))} - {"mma_sync_fp8_flops"}
     assert names == expected
     for f in result.figures:
         assert f.unit == probe.FIGURES[f.name] and f.repetitions >= 5
@@ -546,7 +544,7 @@ def test_async_copy_shared_series_reads_each_tile_from_several_sms_and_moves_on(
     for grid, span in spans:
         readers = [sum(1 for b in range(grid) if (b + k * grid) % span == t) for k in range(3) for t in range(span)]
         assert async_copy.L2_SHARED_BY - 1 <= min(readers) and max(readers) <= async_copy.L2_SHARED_BY
-        assert [(0 + k * grid) % span for k in range(3)] != [0, 0, 0]
+        assert len({k * grid % span for k in range(3)}) == 3      # block 0 reads a new tile at each step
 
 
 def test_atomics_check_catches_a_wrong_count(monkeypatch):

@@ -138,6 +138,9 @@ def run(gpu) -> ProbeResult:
     # More than half an SM's shared memory: no two blocks fit on one SM, so a grid of sm_count is one per SM.
     alone = min(max_shared, gpu.attributes["MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"] // 2 + 1024)
     grid = gpu.sm_count
+    # tiles of the shared L2 series: about L2_SHARED_BY blocks read each at a step, and where grid is no
+    # multiple of it (132 SMs: 17 tiles) the remainder moves every block on to another tile the next step
+    shared_span = grid // L2_SHARED_BY + 1
 
     def timed(kernel, block: int, shared: int, args: list, nbytes: int) -> list[float]:
         shared = max(shared, alone)
@@ -161,6 +164,7 @@ def run(gpu) -> ProbeResult:
                      f"{statistics.median(loads[-1].rates) / 1e12:.2f} TB/s")
     if hopper:
         kernel = gpu.kernel("async_copy.cu", "bulk_stream")
+
         def bulk_point(tiles: int, span: int, tile: int, stages: int) -> Point:
             args = [(source.ptr, "ptr"), (tiles, "i64"), (span, "i64"), (tile, "u32"), (stages, "int"),
                     (sink.ptr, "ptr")]
@@ -170,10 +174,9 @@ def run(gpu) -> ProbeResult:
         for tile, stages in bulk_configs(max_shared):
             bulk.append(bulk_point(BUFFER_BYTES // tile, BUFFER_BYTES // tile, tile, stages))
             # again from a working set the L2 holds (the warm-up launch brings it in), each tile read by one SM
-            # a pass; then with every tile read by about L2_SHARED_BY SMs at the same step, as the CTAs of a
-            # wave of matrix tiles read the slices they share (the span's remainder moves each SM on a tile)
+            # a pass; then from shared_span tiles, as the CTAs of a wave of matrix tiles read the slices they share
             bulk_l2.append(bulk_point(L2_STREAM_BYTES // tile, resident_bytes // tile, tile, stages))
-            bulk_l2_shared.append(bulk_point(L2_STREAM_BYTES // tile, grid // L2_SHARED_BY + 1, tile, stages))
+            bulk_l2_shared.append(bulk_point(L2_STREAM_BYTES // tile, shared_span, tile, stages))
             gpu.progress(f"  async_copy bulk {tile:5d} B x {stages}: "
                          f"{statistics.median(bulk[-1].rates) / 1e12:.2f} TB/s from DRAM, "
                          f"{statistics.median(bulk_l2[-1].rates) / 1e12:.2f} TB/s from the L2, "
@@ -189,7 +192,7 @@ def run(gpu) -> ProbeResult:
                    f"block per SM reading {L2_STREAM_BYTES >> 20} MiB from a working set of 1/{L2_SHARE} of the L2 "
                    f"({resident_bytes} B, brought in by a warm-up launch), bytes read over event time", result)
         figures_of("bulk_copy_l2_shared", bulk_l2_shared, f"cp.async.bulk tiles completed on mbarriers, one "
-                   f"{BULK_BLOCK}-thread block per SM reading {L2_STREAM_BYTES >> 20} MiB from {grid // L2_SHARED_BY + 1} "
+                   f"{BULK_BLOCK}-thread block per SM reading {L2_STREAM_BYTES >> 20} MiB from {shared_span} "
                    f"tiles held in the L2, each read by about {L2_SHARED_BY} SMs at the same step, bytes delivered "
                    f"over event time", result)
     else:
