@@ -35,7 +35,11 @@
 //                                stores: STORE_DIRECT from the accumulator
 //                                fragments (epilogue.cuh), STORE_STAGED through
 //                                shared memory in 16-byte vectors, the residual
-//                                fetched during the K loop (staging.cuh)
+//                                fetched during the K loop (staging.cuh),
+//                                STORE_HANDOFF (cooperative, unsplit): the sums
+//                                rounded to T into shared memory and finished
+//                                by the producer warpgroup's other three warps
+//                                while the consumers go on (handoff.cuh)
 //
 // Layouts: A is M x K with K contiguous (A_MAJOR = K_MAJOR, row-major A) or
 // M contiguous (MN_MAJOR: column-major A, stored as K x M rows); B is N x K
@@ -52,6 +56,7 @@
 #pragma once
 #include "aicg_types.cuh"
 #include "matrix/epilogue.cuh"
+#include "matrix/handoff.cuh"
 #include "matrix/hopper.cuh"
 #include "matrix/split_k.cuh"
 #include "matrix/staging.cuh"
@@ -62,7 +67,7 @@ namespace aicg {
 namespace matrix {
 
 enum Schedule { SCHEDULE_COOPERATIVE = 0, SCHEDULE_PINGPONG = 1 };
-enum Store { STORE_DIRECT = 0, STORE_STAGED = 1 };
+enum Store { STORE_DIRECT = 0, STORE_STAGED = 1, STORE_HANDOFF = 2 };
 
 template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR,
           int SCHEDULE = SCHEDULE_COOPERATIVE, int CLUSTER_N = 1>
@@ -242,8 +247,16 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   constexpr int CLUSTER = Tile::CLUSTER;
   // (a direct store builds no staged epilogue, but the type must exist: any width it takes will do)
   using Staged = StagedEpilogue<T, Tile::WG_M, STORE == STORE_STAGED ? BN : 64, ACT, BIAS, RESIDUAL>;
-  static_assert(STORE == STORE_DIRECT || STORE == STORE_STAGED, "a known store");
+  using Handoff = HandoffEpilogue<T, Tile::WG_M, STORE == STORE_HANDOFF ? BN : 64, ACT, BIAS, RESIDUAL>;
+  static_assert(STORE == STORE_DIRECT || STORE == STORE_STAGED || STORE == STORE_HANDOFF, "a known store");
   static_assert(STORE == STORE_DIRECT || BN % 64 == 0, "a staged block's rows are whole 128-byte lines");
+  static_assert(STORE != STORE_HANDOFF || (!Tile::PINGPONG && SPLIT_K == 1),
+                "the handed-off epilogue follows the cooperative schedule's units, unsplit");
+  // The handed-off epilogue's drainers need registers the producer's copy loop does not: the
+  // producer warpgroup keeps 120 and the consumers, which no longer finish their blocks, take 192
+  // (128 x 120 + 256 x 192 = 384 x 168, as before; with 104 the drainers of a GELU spilled).
+  constexpr int PRODUCER_REGISTERS = STORE == STORE_HANDOFF ? 120 : Tile::PRODUCER_REGISTERS;
+  constexpr int CONSUMER_REGISTERS = STORE == STORE_HANDOFF ? 192 : Tile::CONSUMER_REGISTERS;
   static_assert(SPLIT_K >= 1, "at least one part of K a tile");
   extern __shared__ __align__(128) unsigned char matrix_shared[];
   __shared__ __align__(8) unsigned long long full_barriers[STAGES], empty_barriers[STAGES];
@@ -251,9 +264,10 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   __shared__ unsigned last_unit[Tile::CONSUMERS];                              // split-K: the unit ends its tile
 
   // The ring: slot s at ring + s * STAGE_BYTES, A first, then B; after it, a
-  // staging buffer for each consumer (STORE_STAGED). The host asks for 1024
-  // bytes more than these so the ring's start can be rounded up to a swizzle
-  // atom (the descriptors' base offset is then 0).
+  // staging buffer for each consumer (STORE_STAGED), or a handoff buffer for
+  // each and their `filled` and `drained` barriers (STORE_HANDOFF). The host
+  // asks for 1024 bytes more than these so the ring's start can be rounded up
+  // to a swizzle atom (the descriptors' base offset is then 0).
   const unsigned ring = (shared_address(matrix_shared) + 1023u) & ~1023u;
   const unsigned full0 = shared_address(full_barriers), empty0 = shared_address(empty_barriers);
   const unsigned turn0 = shared_address(turn_barriers);
@@ -269,6 +283,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       barrier_init(turn0, 1);
       barrier_init(turn0 + 8, 1);
     }
+    if constexpr (STORE == STORE_HANDOFF) Handoff::init_barriers(ring + Tile::RING_BYTES);
     barrier_init_fence();
   }
   if constexpr (CLUSTER > 1)
@@ -281,7 +296,20 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0;
 
   if (warpgroup == 0) {
-    registers_release<Tile::PRODUCER_REGISTERS>();
+    registers_release<PRODUCER_REGISTERS>();
+    if constexpr (STORE == STORE_HANDOFF) {
+      if (threadIdx.x >= 32) {   // the drainers: every unit's blocks, consumer after consumer
+        const int drainer = threadIdx.x - 32;
+        for (int u = first, item = 0; u < work.total; u += step, ++item) {
+          int tm, tn, split, kb0, kb1;
+          work.unit(u, rank, tm, tn, split, kb0, kb1);
+#pragma unroll 1
+          for (int consumer = 0; consumer < Tile::CONSUMERS; ++consumer)
+            Handoff::of(consumer, ring + Tile::RING_BYTES, c, ldc, bias, residual, ldr, m, n)
+                .drain(drainer, item, tm * BM + consumer * Tile::WG_M, tn * BN);
+        }
+      }
+    }
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(a_map);
       tma_prefetch_descriptor(b_map);
@@ -299,7 +327,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       }
     }
   } else {
-    registers_claim<Tile::CONSUMER_REGISTERS>();
+    registers_claim<CONSUMER_REGISTERS>();
     const int consumer = warpgroup - 1, thread = threadIdx.x % 128, warp = thread / 32;
     const int atom0 = Tile::PINGPONG ? 0 : consumer * Tile::M_ATOMS;   // the consumer's first m64 block of A
     const Epilogue<T, ACT, BIAS, RESIDUAL> direct(c, ldc, bias, residual, ldr, m, n);
@@ -380,6 +408,8 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
 
       if constexpr (STORE == STORE_STAGED) {
         staged.finish(acc, row0, col0);
+      } else if constexpr (STORE == STORE_HANDOFF) {
+        Handoff::of(consumer, ring + Tile::RING_BYTES, c, ldc, bias, residual, ldr, m, n).park(acc, item);
       } else {
         const int frag_row0 = row0 + warp * 16;
 #pragma unroll

@@ -19,7 +19,9 @@ MAX_ACCUMULATORS = 128        # of the 232 registers a consumer thread gets
 MAX_WORKSPACE_BYTES = 1 << 30
 SCHEDULE_CONSTANTS = {"cooperative": "aicg::matrix::SCHEDULE_COOPERATIVE",
                       "pingpong": "aicg::matrix::SCHEDULE_PINGPONG"}
-STORE_CONSTANTS = {"direct": "aicg::matrix::STORE_DIRECT", "staged": "aicg::matrix::STORE_STAGED"}
+STORE_CONSTANTS = {"direct": "aicg::matrix::STORE_DIRECT", "staged": "aicg::matrix::STORE_STAGED",
+                   "handoff": "aicg::matrix::STORE_HANDOFF"}
+HANDOFF_BARRIER_BYTES = 16    # a handed-off block's `filled` and `drained` barriers
 # The kernel template's defaults for its last parameters (schedule, store, split_k, cluster_n): a
 # realisation that keeps them is instantiated without them.
 TRAILING_DEFAULTS = (("schedule", "cooperative"), ("store", "direct"), ("split_k", 1), ("cluster_n", 1))
@@ -62,12 +64,15 @@ class WgmmaRules(TemplateRules):
         return k["block_m"] if k["schedule"] == "pingpong" else k["block_m"] // CONSUMERS
 
     def staging_bytes(self, real: Realisation) -> int:
-        """Both consumers' staging buffers: a block of results, then the bias (STORE_STAGED)."""
+        """Both consumers' staging buffers: a block of results, then the bias (STORE_STAGED); or a
+        block of rounded sums and its two barriers (STORE_HANDOFF)."""
         k = real.settings
-        if k["store"] != "staged":
-            return 0
-        per_consumer = self.consumer_rows(real) * k["block_n"] * 2 + (k["block_n"] * 2 if real.epilogue.bias else 0)
-        return CONSUMERS * per_consumer
+        block = self.consumer_rows(real) * k["block_n"] * 2
+        if k["store"] == "staged":
+            return CONSUMERS * (block + (k["block_n"] * 2 if real.epilogue.bias else 0))
+        if k["store"] == "handoff":
+            return CONSUMERS * (block + HANDOFF_BARRIER_BYTES)
+        return 0
 
     def dynamic_shared_bytes(self, real: Realisation) -> int:
         k = real.settings
@@ -99,8 +104,10 @@ class WgmmaRules(TemplateRules):
             found.append(f"{k['block_m'] // k['cluster_n']}-row shares of A are not whole 8-row swizzle groups")
         if k["block_n"] % 64 and real.b_major == "mn":
             found.append(f"an MN-major B slice is boxes of 64 columns, not {k['block_n']}")
-        if k["block_n"] % 64 and k["store"] == "staged":
-            found.append(f"a staged block's rows are whole 128-byte lines: {k['block_n']} columns are not")
+        if k["block_n"] % 64 and k["store"] in ("staged", "handoff"):
+            found.append(f"a {k['store']} block's rows are whole 128-byte lines: {k['block_n']} columns are not")
+        if k["store"] == "handoff" and (k["schedule"] != "cooperative" or k["split_k"] > 1):
+            found.append("a handed-off epilogue follows the cooperative schedule's units, with K unsplit")
         return found
 
     def template_arguments(self, real: Realisation) -> list[str]:
