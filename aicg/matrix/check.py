@@ -26,6 +26,7 @@ from ..errors import DeviceError
 from ..runtime import driver
 from . import reference
 from .problem import Problem
+from .templates import RULES
 
 GUARD_BYTES = 256
 HANG_SECONDS = 20.0          # a launch not finished by then is a hang (the worker is stopped)
@@ -138,13 +139,13 @@ def describe(problem: Problem, rows: np.ndarray, got: np.ndarray, ref: np.ndarra
 
 
 def compare(problem: Problem, bits: np.ndarray, logical: dict, rows: np.ndarray, splits: int,
-            poisoned: bool, cached: tuple | None = None) -> dict:
+            poisoned: bool, cached: tuple | None = None, rounded_sum: bool = False) -> dict:
     """One run's verdict; `bits` is the output as M x ldc uint16. `cached`: (ref, bound) for `rows`."""
     dtype = DTYPES[problem.dtype]
     body = bits[:, :problem.n]
     unwritten = nan_bits(problem.dtype, body) if poisoned else np.zeros(body.shape, dtype=bool)
     padding_intact = (not poisoned) or bool(np.all(bits[:, problem.n:] == reference.POISON_BITS))
-    ref, bound = cached if cached is not None else reference.expected(problem, logical, rows, splits)
+    ref, bound = cached if cached is not None else reference.expected(problem, logical, rows, splits, rounded_sum)
     got = dtype.decode(body[rows]).astype(np.float64).reshape(rows.size, problem.n)
     error = np.abs(got - ref)
     with np.errstate(invalid="ignore"):
@@ -185,7 +186,8 @@ def validate(kernel, problem: Problem, trials: list[dict], rows: np.ndarray, ope
         kernel.launch(problem, operands.pointers, stream)
         wait(stream, hang_seconds)
         bits, guards = operands.output()
-        result = compare(problem, bits, logical, rows, splits, poisoned, references[t])
+        result = compare(problem, bits, logical, rows, splits, poisoned, references[t],
+                         RULES[kernel.real.template].rounds_sum(kernel.real))
         if t == 0:
             kernel.launch(problem, operands.pointers, stream)
             wait(stream, hang_seconds)

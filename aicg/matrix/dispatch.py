@@ -75,13 +75,15 @@ class ClassKernels:
         """Why the kernel's error bound at this K does not fit the class's rtol (None: it fits). The most
         parts any launch cuts K into (one per k16 step) is tried first; past it, the launch's own."""
         k, dtype, epilogue = problem.k, problem.dtype, problem.epilogue
-        if accuracy.keeps(dtype, k, -(-k // 16), epilogue, self.rtol):
+        rounded = RULES[kernel.realisation.template].rounds_sum(kernel.realisation)
+        if accuracy.keeps(dtype, k, -(-k // 16), epilogue, self.rtol, rounded):
             return None
         parts = splits(kernel, problem) if splits else -(-k // 16)
-        if accuracy.keeps(dtype, k, parts, epilogue, self.rtol):
+        if accuracy.keeps(dtype, k, parts, epilogue, self.rtol, rounded):
             return None
         return (f"its error bound at k = {k} in {parts} part(s), "
-                f"{accuracy.relative_bound(dtype, k, parts, epilogue):.3g}, exceeds the profile's rtol {self.rtol:g}")
+                f"{accuracy.relative_bound(dtype, k, parts, epilogue, rounded):.3g}, exceeds the profile's rtol "
+                f"{self.rtol:g}")
 
     def refusal(self, kernel: Kernel, problem: Problem, pointers: dict[str, int], splits=None) -> str | None:
         """Why `kernel` cannot take this call (None: it can)."""

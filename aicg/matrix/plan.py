@@ -161,8 +161,10 @@ def _family_pool(cls: MatmulClass, fam, decided, hw: dict, limits: GpuLimits, rt
                 times.append(math.inf)
                 continue
             # no split makes more parts than k16 steps: where even that many keep the bound, any split does
-            if not accuracy.keeps(cls.dtype, problem.k, -(-problem.k // 16), cls.epilogue, rtol) and \
-                    not accuracy.keeps(cls.dtype, problem.k, splits_at(real, problem, sm_count), cls.epilogue, rtol):
+            rounded = RULES[template].rounds_sum(real)
+            if not accuracy.keeps(cls.dtype, problem.k, -(-problem.k // 16), cls.epilogue, rtol, rounded) and \
+                    not accuracy.keeps(cls.dtype, problem.k, splits_at(real, problem, sm_count), cls.epilogue, rtol,
+                                       rounded):
                 times.append(math.inf)
                 continue
             key = (modelled, problem)

@@ -21,6 +21,9 @@ type's, from aicg/dtypes.py):
                      2 (ceil(K/16) + splits) u sum_k |a_ik b_kj|
                  and sum_k |a_ik b_kj| <= ||a_i|| ||b_j|| (Cauchy-Schwarz),
                  which costs a row norm instead of a second product.
+  rounded sum    only where the realisation hands its sums on rounded to T
+                 (the wgmma template's handoff store): + u_T (|acc| + the
+                 error so far), and the smallest subnormal of T
   bias           one float addition: + u |pre|
   activation     the accumulated error times the activation's largest slope
                  (1 for none, 1.13 for GELU, 1.10 for SiLU), plus its float
@@ -125,13 +128,17 @@ def accumulation_roundings(k: int, splits: int = 1) -> int:
 
 
 def expected(problem: Problem, logical: dict[str, np.ndarray], rows: np.ndarray,
-             splits: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """(reference, bound), each len(rows) x N float64, for the given output rows."""
+             splits: int = 1, rounded_sum: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, bound), each len(rows) x N float64, for the given output rows; `rounded_sum`: the
+    realisation rounds each sum to the output type before its epilogue."""
     a = logical["a"][rows].astype(np.float64)
     b = logical["b"].astype(np.float64)
     acc = a @ b
     acc_error = 2.0 * accumulation_roundings(problem.k, splits) * U32 * np.outer(np.linalg.norm(a, axis=1),
                                                                                  np.linalg.norm(b, axis=0))
+    u_out = DTYPES[problem.dtype].unit_roundoff
+    if rounded_sum:
+        acc_error = acc_error + u_out * (np.abs(acc) + acc_error) + SMALLEST_SUBNORMAL[problem.dtype]
     epilogue = problem.epilogue
     pre = acc + (logical["bias"].astype(np.float64)[None, :] if epilogue.bias else 0.0)
     pre_error = acc_error + U32 * np.abs(pre)
@@ -141,7 +148,6 @@ def expected(problem: Problem, logical: dict[str, np.ndarray], rows: np.ndarray,
         act_error = act_error + 8.0 * U32 * (np.abs(pre) + np.abs(act))
     post = act + (logical["residual"][rows].astype(np.float64) if epilogue.residual else 0.0)
     post_error = act_error + (U32 * np.abs(post) if epilogue.residual else 0.0)
-    u_out = DTYPES[problem.dtype].unit_roundoff
     bound = post_error + u_out * (np.abs(post) + post_error) + SMALLEST_SUBNORMAL[problem.dtype]
     return post, bound
 

@@ -32,9 +32,10 @@ PREDICATES = {
     "above_one": lambda value: not isinstance(value, bool) and isinstance(value, (int, float)) and value > 1,
     "fused": lambda epilogue: epilogue.name != "plain",
     "evaluated": lambda activation: activation != "none",
+    "hands_off": lambda store: store == "handoff",
 }
 CALL_PARAMS = {EPILOGUE: ("fused",), ACTIVATION: ("evaluated",)}
-KNOB_PREDICATES = ("true", "above_one")
+KNOB_PREDICATES = ("true", "above_one", "hands_off")
 
 
 @dataclass(frozen=True)

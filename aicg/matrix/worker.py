@@ -22,6 +22,7 @@ from . import check, reference, timing
 from .launch import MatmulKernel
 from .problem import Problem
 from .space import Realisation
+from .templates import RULES
 
 TRIALS = 2
 CASE_SECONDS = 180.0      # the worker's limit for one case (reference math on the largest shapes included)
@@ -43,7 +44,7 @@ def _kernel(real: Realisation, cubin: bytes) -> MatmulKernel:
     return _kernels[key]
 
 
-def _inputs(problem: Problem, splits: int) -> dict:
+def _inputs(problem: Problem, splits: int, rounded_sum: bool = False) -> dict:
     key = problem.as_dict()
     if _problem.get("key") != key:
         if "operands" in _problem:
@@ -55,9 +56,9 @@ def _inputs(problem: Problem, splits: int) -> dict:
             _drawn.pop(next(iter(_drawn)))
         _problem.update(key=key, trials=trials, rows=reference.checked_rows(problem.m, rng),
                         operands=check.Operands(problem), references={})
-    if splits not in _problem["references"]:
-        _problem["references"][splits] = [reference.expected(problem, logical, _problem["rows"], splits)
-                                          for logical in _problem["trials"]]
+    if (splits, rounded_sum) not in _problem["references"]:
+        _problem["references"][splits, rounded_sum] = [
+            reference.expected(problem, logical, _problem["rows"], splits, rounded_sum) for logical in _problem["trials"]]
     return _problem
 
 
@@ -77,13 +78,14 @@ def run_case(realisation: dict, cubin: bytes, problem: dict, validate: bool = Tr
     kernel = _kernel(real, cubin)
     geometry = kernel.geometry(prob)
     splits = check.splits_of(real.template, geometry)
-    data = _inputs(prob, splits)
+    rounded_sum = RULES[real.template].rounds_sum(real)
+    data = _inputs(prob, splits, rounded_sum)
     out = {"realisation": real.name, "problem": prob.name,
            "geometry": {"grid": list(geometry.grid), "block": list(geometry.block), "cluster": geometry.cluster,
                         "shared_bytes": geometry.shared_bytes}}
     if validate:
         out["validation"] = check.validate(kernel, prob, data["trials"], data["rows"], data["operands"],
-                                           data["references"][splits], hang_seconds)
+                                           data["references"][splits, rounded_sum], hang_seconds)
         if out["validation"]["status"] != "passed":
             return out
     if repetitions > 0:

@@ -44,7 +44,12 @@ SCHEDULES = (dict(block_m=128, block_n=256, stages=3, schedule="cooperative", st
              dict(block_m=64, block_n=256, stages=4, cluster_m=2, schedule="pingpong", store="staged"),
              dict(block_m=128, block_n=128, stages=4, cluster_m=2, schedule="pingpong", store="staged"),
              dict(block_m=128, block_n=128, stages=5, cluster_m=2, schedule="pingpong", store="staged"),
-             dict(block_m=128, block_n=192, stages=3, schedule="cooperative", store="staged"))
+             dict(block_m=128, block_n=192, stages=3, schedule="cooperative", store="staged"),
+             # the sums handed to the producer warpgroup's other warps, which finish them during the next K loop
+             dict(block_m=128, block_n=256, stages=3, schedule="cooperative", store="handoff"),
+             dict(block_m=256, block_n=128, stages=3, schedule="cooperative", store="handoff"),
+             dict(block_m=128, block_n=192, stages=4, schedule="cooperative", store="handoff"),
+             dict(block_m=128, block_n=256, stages=3, cluster_m=2, schedule="cooperative", store="handoff"))
 EPILOGUES = (Epilogue(), Epilogue(bias=True), Epilogue(bias=True, residual=True),
              Epilogue("gelu_erf", bias=True, residual=True), Epilogue("gelu_tanh", bias=True, residual=True))
 

@@ -74,6 +74,11 @@ class TemplateRules:
     def dynamic_shared_bytes(self, real: Realisation) -> int:
         raise NotImplementedError
 
+    def rounds_sum(self, real: Realisation) -> bool:
+        """Whether the realisation rounds each sum to the output type before its epilogue (one rounding
+        more in the error bound: aicg/matrix/reference.py)."""
+        return False
+
     def accumulators(self, real: Realisation) -> int:
         """fp32 accumulators a thread holds."""
         raise NotImplementedError

@@ -78,6 +78,9 @@ class WgmmaRules(TemplateRules):
         k = real.settings
         return k["stages"] * (k["block_m"] + k["block_n"]) * BLOCK_K * 2 + RING_ALIGNMENT + self.staging_bytes(real)
 
+    def rounds_sum(self, real: Realisation) -> bool:
+        return real.knob("store") == "handoff"   # the consumers park their sums rounded to T
+
     def accumulators(self, real: Realisation) -> int:
         return (self.consumer_rows(real) // 64) * (real.knob("block_n") // 2)
 
