@@ -33,6 +33,12 @@ SHAPES = [(128, 128, 64), (1, 7, 64), (7, 129, 1000), (127, 1000, 129), (129, 12
 DECODE_SHAPES = [(16, 128, 64), (1, 7, 64), (3, 520, 8), (16, 1000, 4096), (1, 4096, 4096), (9, 4104, 1000),
                  (5, 65536, 256)]
 FUSED = Epilogue("gelu_erf", bias=True, residual=True)
+# Settings of the handed-off epilogue (store = "handoff"), which the space does not try first yet: checked
+# as a later design of their own, the first in every epilogue, dtype and layout, the 2-CTA cluster after it.
+HANDOFF = [dict(block_m=128, block_n=256, stages=3, cluster_m=1, cluster_n=1, raster="m", group=8,
+                schedule="cooperative", store="handoff", split_k=1),
+           dict(block_m=256, block_n=128, stages=3, cluster_m=2, cluster_n=1, raster="m", group=8,
+                schedule="cooperative", store="handoff", split_k=1)]
 
 
 def _new_design(template: str, knobs: dict) -> tuple | None:
@@ -45,7 +51,7 @@ def _new_design(template: str, knobs: dict) -> tuple | None:
     if template != "wgmma":
         return None
     found = tuple(name for name, default in (("store", "direct"), ("schedule", "cooperative"), ("split_k", 1))
-                  if knobs[name] != default)
+                  if knobs[name] != default) + (("handoff",) if knobs["store"] == "handoff" else ())
     return found + (("cluster",) if knobs["cluster_m"] > 1 else ()) if found else None
 
 
@@ -53,7 +59,7 @@ def cases():
     found, seen = [], set()
     for template in ("wgmma", "mma", "gemv"):
         tpl = space.templates()[template]
-        for i, knobs in enumerate(tpl.tried):
+        for i, knobs in enumerate((*tpl.tried, *(HANDOFF if template == "wgmma" else ()))):
             design = _new_design(template, knobs)
             first_of_design = design is not None and design not in seen
             seen.add(design)

@@ -192,6 +192,22 @@ def test_a_split_k_knob_brings_its_rule_in(sem):
         assert family.rules_of(split) == ("tensor_core_accumulation", "split_k")
 
 
+def test_a_handoff_store_brings_its_rounding_in_and_only_the_reference_order_refuses_it(sem):
+    family = sem.family_of("wgmma")
+    base = dict(space.templates()["wgmma"].tried[0], stages=3)
+    handoff = space.realisation("wgmma", "bfloat16", "k", "k", FUSED, **dict(base, store="handoff"))
+    staged = space.realisation("wgmma", "bfloat16", "k", "k", FUSED, **dict(base, store="staged"))
+    assert "rounded_handoff" in family.rules_of(handoff) and "rounded_handoff" not in family.rules_of(staged)
+    op, rule = sem.ruleset.ops["matmul"], sem.ruleset.rules["rounded_handoff"]
+    for name, legal in (("tolerance", True), ("deterministic", True), ("bitwise", False)):
+        assert legality.decide_rule(rule, op, "bfloat16", sem.ruleset, preset(sem, name), EVERYTHING).legal is legal
+    # one rounding to the output type more, times the activation's slope, in the bound the planner checks
+    from aicg.matrix import accuracy
+    extra = accuracy.relative_bound("bfloat16", 4096, 1, FUSED, True) - accuracy.relative_bound("bfloat16", 4096, 1, FUSED)
+    assert extra == pytest.approx(2.0**-8 * 1.13)
+    assert accuracy.longest_k("float16", 1, FUSED, 1e-3, True) < accuracy.longest_k("float16", 1, FUSED, 1e-3)
+
+
 def test_the_row_families_read_the_rule_sets_they_always_read(sem):
     base = ruleset_loader.load(REPO / "rulesets")
     for op in ("softmax", "rmsnorm", "layernorm"):

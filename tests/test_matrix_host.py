@@ -480,9 +480,10 @@ def test_stored_images_are_the_layouts_with_nan_padding():
 
 
 def emulate(p: Problem, logical: dict, rows, *, skip_k=None, transpose_b=False, twice=False, no_bias=False,
-            shift_rows=0) -> np.ndarray:
+            shift_rows=0, rounded_sum=False) -> np.ndarray:
     """The kernels' arithmetic in numpy: exact products, an fp32 accumulator taking one k16 step's
-    sum at a time, the epilogue in float32, one rounding to the output type; or a wrong kernel."""
+    sum at a time, the epilogue in float32, one rounding to the output type (`rounded_sum`: the sums
+    rounded to it first, as the handoff store parks them); or a wrong kernel."""
     a = logical["a"][(np.asarray(rows) + shift_rows) % p.m].astype(np.float64)
     b = logical["b"].T.copy() if transpose_b else logical["b"].copy()
     b = b.astype(np.float64)
@@ -491,6 +492,9 @@ def emulate(p: Problem, logical: dict, rows, *, skip_k=None, transpose_b=False, 
     acc = np.zeros((len(rows), p.n), np.float32)
     for k0 in range(0, p.k, 16):
         acc = (acc + (a[:, k0:k0 + 16] @ b[k0:k0 + 16]).astype(np.float32)).astype(np.float32)
+    if rounded_sum:
+        dtype = DTYPES[p.dtype]
+        acc = dtype.decode(dtype.encode(acc)).astype(np.float32).reshape(acc.shape)
     return finish(p, logical, rows, acc, twice=twice, no_bias=no_bias)
 
 
@@ -534,6 +538,33 @@ def test_the_bound_holds_for_the_kernels_arithmetic_and_catches_wrong_kernels(ep
         if epilogue.bias:
             wrongs["bias left out"] = emulate(p, logical, rows, no_bias=True)
         for what, bits in wrongs.items():
+            assert not verdict(bits)["within_bound"], (what, trial)
+
+
+@pytest.mark.parametrize("epilogue", [Epilogue(), Epilogue("gelu_tanh", True), Epilogue("gelu_erf", True, True),
+                                      Epilogue("silu", residual=True)], ids=lambda e: e.name)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_handed_off_sum_is_judged_with_its_extra_rounding(epilogue, dtype):
+    """The handoff store rounds each sum to the output type before the epilogue: its arithmetic stays
+    within the bound that counts that rounding, and the wrong kernels still fail against it."""
+    rng = np.random.default_rng(11)
+    p = Problem(96, 96, 1000, dtype, epilogue=epilogue)
+    rows = np.arange(p.m)
+    for trial in (0, 1):
+        logical = reference.draw(p, trial, rng)
+        cached = reference.expected(p, logical, rows, rounded_sum=True)
+        plain_ref, plain_bound = reference.expected(p, logical, rows)
+        assert np.array_equal(cached[0], plain_ref) and np.all(cached[1] > plain_bound)
+
+        def verdict(bits):
+            full = np.full((p.m, p.ldc), reference.POISON_BITS, np.uint16)
+            full[:, :p.n] = bits
+            return check.compare(p, full, logical, rows, 1, poisoned=True, cached=cached)
+
+        good = verdict(emulate(p, logical, rows, rounded_sum=True))
+        assert good["within_bound"] and 0.0 < good["worst_error_over_bound"] < 1.0, good
+        for what, bits in {"skipped k slice": emulate(p, logical, rows, skip_k=slice(64, 128), rounded_sum=True),
+                           "rows shifted": emulate(p, logical, rows, shift_rows=1, rounded_sum=True)}.items():
             assert not verdict(bits)["within_bound"], (what, trial)
 
 

@@ -179,6 +179,21 @@ def test_wgmma_staging_buffers_are_counted_with_the_bias():
     assert rules.dynamic_shared_bytes(wgmma(block_m=128, block_n=128)) == ring
 
 
+def test_a_handed_off_epilogue_is_cooperative_unsplit_and_counts_its_buffers(hopper):
+    rules = RULES["wgmma"]
+    handoff = wgmma(block_m=128, block_n=256, stages=3, store="handoff", epilogue=Epilogue(bias=True))
+    # a consumer's rows x block_n rounded sums and two mbarriers each; the bias is read from global memory
+    assert rules.dynamic_shared_bytes(handoff) == 3 * (128 + 256) * 128 + 1024 + 2 * (64 * 256 * 2 + 16)
+    assert rules.violations(handoff, hopper) == []
+    assert rules.rounds_sum(handoff) and not rules.rounds_sum(wgmma(store="staged"))
+    assert rules.template_arguments(handoff)[12:] == ["aicg::matrix::SCHEDULE_COOPERATIVE",
+                                                      "aicg::matrix::STORE_HANDOFF"]
+    for other in (wgmma(block_m=128, block_n=128, schedule="pingpong", store="handoff"),
+                  wgmma(block_m=128, block_n=128, store="handoff", split_k=2)):
+        assert any("cooperative schedule's units, with K unsplit" in v for v in rules.violations(other, hopper))
+    assert any("whole 128-byte lines" in v for v in rules.violations(wgmma(block_n=96, store="handoff"), hopper))
+
+
 def test_wgmma_instantiation_leaves_default_trailing_knobs_to_the_template():
     rules = RULES["wgmma"]
     base = rules.template_arguments(wgmma())
@@ -321,6 +336,32 @@ def test_staged_pingpong_and_split_settings_compile_to_their_design(i, epilogue,
         if epilogue.residual:
             assert ops["LDGSTS.E.BYPASS.128.ZFILL"] >= chunks
     assert (ops["ATOMG.E.ADD.STRONG.GPU"] == 1) == (k["split_k"] > 1)
+
+
+HANDOFF = [dict(space.templates()["wgmma"].tried[0], stages=3, store="handoff"),
+           dict(space.templates()["wgmma"].tried[0], block_m=256, block_n=128, stages=3, cluster_m=2, store="handoff")]
+
+
+@pytest.mark.parametrize("knobs", HANDOFF, ids=lambda k: f"{k['block_m']}x{k['block_n']}_c{k['cluster_m']}")
+@pytest.mark.parametrize("dtype, epilogue", [("bfloat16", Epilogue()), ("bfloat16", FUSED),
+                                             ("float16", Epilogue("silu", residual=True))], ids=str)
+def test_handed_off_settings_compile_to_their_design(knobs, dtype, epilogue, hopper, sass):
+    """The handoff store: no spills or stack on either side of setmaxnreg (ptxas holds the producer
+    warpgroup, whose warps now finish the epilogue, to 120 registers and the consumers to 192), the
+    consumers' HGMMAs, no cp.async (the drainers read the residual themselves), and 16-byte stores of C
+    on the drainers' vector path."""
+    from collections import Counter
+    from aicg.matrix import build
+    real = space.realisation("wgmma", dtype, "k", "k", epilogue, **knobs)
+    assert RULES["wgmma"].violations(real, hopper) == []
+    built = build.compile_realisation(real, "sm_90a")
+    assert build.healthy(built) == [], built.report
+    assert built.report["registers"] == 168
+    ops = Counter(x.opcode for x in sass.parse(sass.disassemble(built.cubin))[0])
+    assert sum(n for op, n in ops.items() if op.startswith("HGMMA")) == knobs["block_m"] // 2 // 64 * 4
+    assert ops["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and ops["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1
+    assert not any(op.startswith(("LDL", "STL", "LDGSTS")) for op in ops)
+    assert ops["STG.E.128"] >= 1
 
 
 def test_a_clustered_release_is_no_fence(sass):
