@@ -347,7 +347,7 @@ HANDOFF = [dict(space.templates()["wgmma"].tried[0], stages=3, store="handoff"),
                                              ("float16", Epilogue("silu", residual=True))], ids=str)
 def test_handed_off_settings_compile_to_their_design(knobs, dtype, epilogue, hopper, sass):
     """The handoff store: no spills or stack on either side of setmaxnreg (ptxas holds the producer
-    warpgroup, whose warps now finish the epilogue, to 120 registers and the consumers to 192), the
+    warpgroup, whose warps now finish the epilogue, to 136 registers and the consumers to 184), the
     consumers' HGMMAs, no cp.async (the drainers read the residual themselves), and 16-byte stores of C
     on the drainers' vector path."""
     from collections import Counter

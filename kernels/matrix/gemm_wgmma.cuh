@@ -253,10 +253,10 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   static_assert(STORE != STORE_HANDOFF || (!Tile::PINGPONG && SPLIT_K == 1),
                 "the handed-off epilogue follows the cooperative schedule's units, unsplit");
   // The handed-off epilogue's drainers need registers the producer's copy loop does not: the
-  // producer warpgroup keeps 120 and the consumers, which no longer finish their blocks, take 192
-  // (128 x 120 + 256 x 192 = 384 x 168, as before; with 104 the drainers of a GELU spilled).
-  constexpr int PRODUCER_REGISTERS = STORE == STORE_HANDOFF ? 120 : Tile::PRODUCER_REGISTERS;
-  constexpr int CONSUMER_REGISTERS = STORE == STORE_HANDOFF ? 192 : Tile::CONSUMER_REGISTERS;
+  // producer warpgroup keeps 136 and the consumers, which no longer finish their blocks, take 184
+  // (128 x 136 + 256 x 184 = 384 x 168, as before; with 120 the drainers' pipeline of a GELU spilled).
+  constexpr int PRODUCER_REGISTERS = STORE == STORE_HANDOFF ? 136 : Tile::PRODUCER_REGISTERS;
+  constexpr int CONSUMER_REGISTERS = STORE == STORE_HANDOFF ? 184 : Tile::CONSUMER_REGISTERS;
   static_assert(SPLIT_K >= 1, "at least one part of K a tile");
   extern __shared__ __align__(128) unsigned char matrix_shared[];
   __shared__ __align__(8) unsigned long long full_barriers[STAGES], empty_barriers[STAGES];

@@ -43,8 +43,7 @@ struct HandoffEpilogue {
   static constexpr int CHUNKS = ROWS * ROW_CHUNKS;
   static constexpr unsigned BLOCK_BYTES = ROWS * BN * 2;
   static constexpr int DRAINERS = 96;           // warps 1..3 of the producer warpgroup
-  static constexpr int BATCH = 4;               // chunks whose loads a drainer issues before it computes
-  static constexpr int CHUNKS_A_THREAD = (CHUNKS + DRAINERS - 1) / DRAINERS;
+  static constexpr int BATCH = 4;               // chunks a drainer computes together
   static_assert(sizeof(T) == 2, "16-bit outputs");
   static_assert(ROWS % 64 == 0 && ROW_CHUNKS % 8 == 0, "whole m64 row blocks, rows of whole 8-chunk lines");
 
@@ -109,45 +108,79 @@ struct HandoffEpilogue {
   }
 
   // Drainer side (`drainer` in 0..DRAINERS): the `item`-th unit's block, whose first element is
-  // (row0, col0) of C, finished and stored.
+  // (row0, col0) of C, finished and stored. A block inside C with every operand in vectors goes
+  // 16 bytes at a time; its bias and first residual words are requested before the wait, while the
+  // consumers' K loop still runs.
   __device__ __forceinline__ void drain(int drainer, int item, int row0, int col0) const {
-    barrier_wait(filled, item & 1);
-    if (vectors && row0 + ROWS <= direct.m && col0 + BN <= direct.n)
-      drain_whole(drainer, row0, col0);
-    else
+    if (vectors && row0 + ROWS <= direct.m && col0 + BN <= direct.n) {
+      drain_whole(drainer, item, row0, col0);
+    } else {
+      barrier_wait(filled, item & 1);
       drain_clipped(drainer, row0, col0);
+    }
     barrier_arrive(drained);
   }
 
-  // Every chunk inside C and every operand in vectors: BATCH chunks' words are read before any of
-  // them is computed, so their loads are in flight together.
-  __device__ __forceinline__ void drain_whole(int drainer, int row0, int col0) const {
-#pragma unroll 1
-    for (int i0 = 0; i0 < CHUNKS_A_THREAD; i0 += BATCH) {
-      uint4 parked[BATCH], bias_words[BATCH], residual_words[BATCH];
+  // DRAINERS is a multiple of ROW_CHUNKS, so drainer d's chunks d, d + DRAINERS, ... are all column
+  // chunk d % ROW_CHUNKS: rows d / ROW_CHUNKS + ROW_STEP t of it. One bias chunk serves them all.
+  static constexpr int ROW_STEP = DRAINERS / ROW_CHUNKS;
+  static constexpr int ROWS_A_DRAINER = (ROWS + ROW_STEP - 1) / ROW_STEP;   // (the last may lie past ROWS)
+  static constexpr int BATCHES = (ROWS_A_DRAINER + BATCH - 1) / BATCH;
+  static_assert(DRAINERS % ROW_CHUNKS == 0, "a drainer keeps one column chunk");
+
+  // The residual words of batch b (rows t = BATCH b .. BATCH b + BATCH - 1 of the drainer's).
+  __device__ __forceinline__ void load_residual(uint4 (&words)[BATCH], int b, int first_row, int j, int row0,
+                                                int col0) const {
+    if constexpr (RESIDUAL) {
 #pragma unroll
       for (int i = 0; i < BATCH; ++i) {
-        const int chunk = drainer + (i0 + i) * DRAINERS, r = chunk / ROW_CHUNKS, j = chunk % ROW_CHUNKS;
-        if (i0 + i >= CHUNKS_A_THREAD || chunk >= CHUNKS) continue;
-        parked[i] = load_shared_vector(buffer + offset(r, j));
-        if constexpr (BIAS) bias_words[i] = *reinterpret_cast<const uint4*>(direct.bias + col0 + 8 * j);
-        if constexpr (RESIDUAL)
-          residual_words[i] =
-              *reinterpret_cast<const uint4*>(direct.residual + (row0 + r) * direct.ldr + col0 + 8 * j);
+        const int r = first_row + ROW_STEP * (BATCH * b + i);
+        if (r < ROWS)
+          words[i] = *reinterpret_cast<const uint4*>(direct.residual + (row0 + r) * direct.ldr + col0 + 8 * j);
       }
+    }
+  }
+
+  // Batch b of the drainer's chunks finished and stored, their residual words in `words`.
+  __device__ __forceinline__ void finish_batch(const uint4 (&words)[BATCH], int b, int first_row, int j, int row0,
+                                               int col0, const unsigned (&bias)[4]) const {
+    uint4 parked[BATCH];
 #pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        const int chunk = drainer + (i0 + i) * DRAINERS, r = chunk / ROW_CHUNKS, j = chunk % ROW_CHUNKS;
-        if (i0 + i >= CHUNKS_A_THREAD || chunk >= CHUNKS) continue;
-        const unsigned p[4] = {parked[i].x, parked[i].y, parked[i].z, parked[i].w};
-        const unsigned b[4] = {BIAS ? bias_words[i].x : 0u, BIAS ? bias_words[i].y : 0u,
-                               BIAS ? bias_words[i].z : 0u, BIAS ? bias_words[i].w : 0u};
-        const unsigned s[4] = {RESIDUAL ? residual_words[i].x : 0u, RESIDUAL ? residual_words[i].y : 0u,
-                               RESIDUAL ? residual_words[i].z : 0u, RESIDUAL ? residual_words[i].w : 0u};
-        unsigned out[4];
+    for (int i = 0; i < BATCH; ++i) {
+      const int r = first_row + ROW_STEP * (BATCH * b + i);
+      if (r < ROWS) parked[i] = load_shared_vector(buffer + offset(r, j));
+    }
 #pragma unroll
-        for (int w = 0; w < 4; ++w) out[w] = direct.pair_word(half_of(p[w], 0, T{}), half_of(p[w], 1, T{}), b[w], s[w]);
-        store_global_16(direct.c + (row0 + r) * direct.ldc + col0 + 8 * j, make_uint4(out[0], out[1], out[2], out[3]));
+    for (int i = 0; i < BATCH; ++i) {
+      const int r = first_row + ROW_STEP * (BATCH * b + i);
+      if (r >= ROWS) continue;
+      const unsigned p[4] = {parked[i].x, parked[i].y, parked[i].z, parked[i].w};
+      const unsigned s[4] = {RESIDUAL ? words[i].x : 0u, RESIDUAL ? words[i].y : 0u, RESIDUAL ? words[i].z : 0u,
+                             RESIDUAL ? words[i].w : 0u};
+      unsigned out[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) out[w] = direct.pair_word(half_of(p[w], 0, T{}), half_of(p[w], 1, T{}), bias[w], s[w]);
+      store_global_16(direct.c + (row0 + r) * direct.ldc + col0 + 8 * j, make_uint4(out[0], out[1], out[2], out[3]));
+    }
+  }
+
+  // A software pipeline of batches in two register sets: batch b + 1's residual loads are in flight
+  // while batch b is computed (in place, c == residual, a drainer reads only chunks it has not yet
+  // written).
+  __device__ __forceinline__ void drain_whole(int drainer, int item, int row0, int col0) const {
+    const int j = drainer % ROW_CHUNKS, first_row = drainer / ROW_CHUNKS;
+    uint4 bias_words = make_uint4(0u, 0u, 0u, 0u), even[BATCH], odd[BATCH];
+    if constexpr (BIAS) bias_words = *reinterpret_cast<const uint4*>(direct.bias + col0 + 8 * j);
+    load_residual(even, 0, first_row, j, row0, col0);
+    barrier_wait(filled, item & 1);
+    const unsigned bias[4] = {bias_words.x, bias_words.y, bias_words.z, bias_words.w};
+#pragma unroll 1
+    for (int b = 0; b < BATCHES; b += 2) {
+      if (b + 1 < BATCHES) load_residual(odd, b + 1, first_row, j, row0, col0);
+      finish_batch(even, b, first_row, j, row0, col0, bias);
+      if (b + 1 < BATCHES) {
+        if (b + 2 < BATCHES) load_residual(even, b + 2, first_row, j, row0, col0);
+        finish_batch(odd, b + 1, first_row, j, row0, col0, bias);
       }
     }
   }
