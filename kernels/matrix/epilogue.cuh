@@ -17,7 +17,30 @@
 namespace aicg {
 namespace matrix {
 
-enum Activation { ACT_NONE = 0, ACT_GELU_TANH = 1, ACT_GELU_ERF = 2, ACT_SILU = 3 };
+// ACT_GELU_ERF_FITTED is GELU(erf) by a fitted formula on the hardware's 2^x and 1/x approximations
+// (fewer than half the instructions of erff's): x Phi(x) with Phi = 1 / (1 + 2^t), t = x q(min(|x|, 6)),
+// q the degree-8 polynomial below, fitted to Phi's logit by tests/bench/gelu_fit.py. Its error, with
+// ex2.approx within 2 ulp and rcp.approx within 1, stays under a third of the 8 u (|x| + |GELU(x)|)
+// that aicg/matrix/reference.py allows an activation's evaluation (tests/test_matrix_activation.py).
+enum Activation { ACT_NONE = 0, ACT_GELU_TANH = 1, ACT_GELU_ERF = 2, ACT_SILU = 3, ACT_GELU_ERF_FITTED = 4 };
+
+// q's coefficients are the literals below, highest degree first (tests/bench/gelu_fit.py writes them).
+__device__ __forceinline__ float gelu_fitted(float x) {
+  const float a = fminf(fabsf(x), 6.0f);   // past |x| = 6, Phi is 1 or 0 to within float's reach either way
+  float q = 0x1.2ef270p-17f;
+  q = fmaf(q, a, -0x1.c90832p-14f);
+  q = fmaf(q, a, 0x1.959482p-12f);
+  q = fmaf(q, a, -0x1.0c19aap-13f);
+  q = fmaf(q, a, -0x1.70d338p-13f);
+  q = fmaf(q, a, 0x1.0ebb4ep-11f);
+  q = fmaf(q, a, -0x1.aecaf0p-4f);
+  q = fmaf(q, a, 0x1.74d330p-14f);
+  q = fmaf(q, a, -0x1.26af02p+1f);
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * q));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return x * r;   // x large and negative: e is inf, r 0, the result a signed zero, as Phi underflows in float64
+}
 
 template <int ACT>
 __device__ __forceinline__ float activate(float x) {
@@ -26,6 +49,8 @@ __device__ __forceinline__ float activate(float x) {
     return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + cubic * x * x * x)));
   } else if constexpr (ACT == ACT_GELU_ERF) {
     return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+  } else if constexpr (ACT == ACT_GELU_ERF_FITTED) {
+    return gelu_fitted(x);
   } else if constexpr (ACT == ACT_SILU) {
     return x / (1.0f + expf(-x));   // -x large: expf is inf and the quotient a signed zero, as in float64
   } else {

@@ -9,7 +9,9 @@ read, the median).
 
 --schedules picks schedules by their index in SCHEDULES (default: all), --epilogues likewise in
 EPILOGUES, and --no-peers leaves the peers out. --kernels DIR (repeatable) builds each kernel with
-that directory's headers, each in turn: an earlier commit's kernels/ timed beside the checkout's. --profile times each validated kernel once more,
+that directory's headers, each in turn: an earlier commit's kernels/ timed beside the checkout's. --fitted-gelu
+times each GELU(erf) kernel a second time with epilogue.cuh's fitted evaluation (ACT_GELU_ERF_FITTED, which no
+realisation names yet), validated against the same float64 reference and bound. --profile times each validated kernel once more,
 one repetition after the warm-up, between cuProfilerStart and cuProfilerStop: Nsight Compute then
 sees that kernel's launches alone (a few of them, no other kernel's):
 
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from aicg.matrix import build, space, worker  # noqa: E402
+from aicg.matrix import build, codegen, space, worker  # noqa: E402
 from aicg.matrix.problem import Problem  # noqa: E402
 from aicg.matrix.space import Epilogue  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
@@ -65,16 +67,33 @@ def profiled_launch(real, cubin: bytes, problem: Problem) -> None:
         cu.cuProfilerStop()
 
 
-def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profile: bool, kernel_dirs) -> None:
+FITTED = ("aicg::matrix::ACT_GELU_ERF,", "aicg::matrix::ACT_GELU_ERF_FITTED,")
+
+
+def compiled(real, kernels_dir, fitted: bool) -> bytes:
+    """The realisation's cubin; `fitted`: with GELU(erf) evaluated by epilogue.cuh's fitted formula."""
+    arch = build.arch_for(real, (9, 0))
+    if not fitted:
+        return build.compile_realisation(real, arch, kernels_dir).cubin
+    source = codegen.source(real)
+    assert FITTED[0] in source, "a GELU(erf) kernel"
+    return build.compile_source(real, source.replace(*FITTED), f"{real.name}.fitted.cu",
+                                build.headers(real, kernels_dir), arch).cubin
+
+
+def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profile: bool, kernel_dirs,
+            fitted_gelu: bool = False) -> None:
     for schedule in schedules:
         knobs = {**COMMON, **schedule}
         for epilogue in epilogues:
             real = space.realisation("wgmma", "bfloat16", "k", "k", epilogue, **knobs)
             problem = Problem(m, N, K, "bfloat16", "k", "k", epilogue)
-            for kernels_dir in kernel_dirs:
-                found = {"realisation": real.name, **({"kernels": str(kernels_dir)} if len(kernel_dirs) > 1 else {})}
+            evaluations = (False, True) if fitted_gelu and epilogue.activation == "gelu_erf" else (False,)
+            for kernels_dir, fitted in ((d, f) for d in kernel_dirs for f in evaluations):
+                found = {"realisation": real.name, **({"kernels": str(kernels_dir)} if len(kernel_dirs) > 1 else {}),
+                         **({"gelu": "fitted"} if fitted else {})}
                 try:
-                    cubin = build.compile_realisation(real, build.arch_for(real, (9, 0)), kernels_dir).cubin
+                    cubin = compiled(real, kernels_dir, fitted)
                     r = worker.run_case(real.as_dict(), cubin, problem.as_dict(), validate=True, repetitions=reps)
                 except Exception as err:   # reported, and the others go on
                     found["error"] = repr(err)[:500]
@@ -109,6 +128,7 @@ def main(argv=None) -> None:
     p.add_argument("--schedules", help="indices into SCHEDULES, comma-separated")
     p.add_argument("--epilogues", help="indices into EPILOGUES, comma-separated")
     p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--fitted-gelu", action="store_true", help="each GELU(erf) kernel also with the fitted evaluation")
     p.add_argument("--profile", action="store_true", help="one more timed run of each valid kernel inside a profiler range")
     p.add_argument("--kernels", action="append", type=Path,
                    help="build each kernel with the headers of this directory (given more than once: with each, "
@@ -120,7 +140,7 @@ def main(argv=None) -> None:
     driver.use_primary_context()
     out = {"problem": f"{args.m}x{N}x{K} bfloat16 kk", "aicg": [], "peers": []}
     kernels(out, args.m, args.reps, args.json, picked(SCHEDULES, args.schedules), picked(EPILOGUES, args.epilogues),
-            args.profile, args.kernels or [build.KERNELS_DIR])
+            args.profile, args.kernels or [build.KERNELS_DIR], args.fitted_gelu)
     if not args.no_peers:
         peers(out, args.m, args.reps, args.json)
 
