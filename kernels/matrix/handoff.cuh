@@ -1,17 +1,20 @@
 // The handed-off epilogue: the consumers round their block of sums to T and
 // leave it in shared memory, and three warps of the producer warpgroup (idle
 // but for the one thread that issues the copies) finish it there while the
-// consumers go on with the next tile's K loop. The tensor cores then never
-// wait for the epilogue's arithmetic, whatever it costs.
+// consumers go on with the next tile's K loop: they wait for the epilogue
+// only where the drainers fall a whole tile behind (their buffer is not yet
+// free). On the H100 the fused case still pays 32 us of the staged store's 54
+// for it (docs/performance.md): not waits, so far as measured.
 //
 //   park    a consumer, after its K loop: waits until its buffer has been
 //           drained of the previous block, writes its fragments rounded to T
 //           (2 results a 4-byte word), and arrives on the buffer's `filled`
 //           barrier (every thread: the arrival releases its writes)
 //   drain   the epilogue warps, for each unit of the CTA and each consumer in
-//           turn: wait on `filled`, then per 16-byte chunk of 8 results: the
-//           parked sums, the bias and the residual words, epilogue.cuh's
-//           pair_word (float throughout, one rounding), a 16-byte store; then
+//           turn: request the bias and the first residual words, wait on
+//           `filled`, then per 16-byte chunk of 8 results: the parked sums,
+//           epilogue.cuh's pair_word (float throughout, one rounding), a
+//           16-byte store, the next batch's residual requested ahead; then
 //           arrive on the buffer's `drained` barrier
 //
 // What this changes in the arithmetic: the sum is rounded to T before the
