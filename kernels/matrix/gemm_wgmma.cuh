@@ -269,6 +269,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   // asks for 1024 bytes more than these so the ring's start can be rounded up
   // to a swizzle atom (the descriptors' base offset is then 0).
   const unsigned ring = (shared_address(matrix_shared) + 1023u) & ~1023u;
+  const unsigned handoff_area = ring + Tile::RING_BYTES;   // STORE_HANDOFF: the buffers and their barriers
   const unsigned full0 = shared_address(full_barriers), empty0 = shared_address(empty_barriers);
   const unsigned turn0 = shared_address(turn_barriers);
   const int warpgroup = threadIdx.x / 128;
@@ -283,7 +284,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       barrier_init(turn0, 1);
       barrier_init(turn0 + 8, 1);
     }
-    if constexpr (STORE == STORE_HANDOFF) Handoff::init_barriers(ring + Tile::RING_BYTES);
+    if constexpr (STORE == STORE_HANDOFF) Handoff::init_barriers(handoff_area);
     barrier_init_fence();
   }
   if constexpr (CLUSTER > 1)
@@ -298,14 +299,14 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   if (warpgroup == 0) {
     registers_release<PRODUCER_REGISTERS>();
     if constexpr (STORE == STORE_HANDOFF) {
-      if (threadIdx.x >= 32) {   // the drainers: every unit's blocks, consumer after consumer
-        const int drainer = threadIdx.x - 32;
+      if (threadIdx.x >= 128 - Handoff::DRAINERS) {   // the drainers: every unit's blocks, consumer after consumer
+        const int drainer = threadIdx.x - (128 - Handoff::DRAINERS);
         for (int u = first, item = 0; u < work.total; u += step, ++item) {
           int tm, tn, split, kb0, kb1;
           work.unit(u, rank, tm, tn, split, kb0, kb1);
 #pragma unroll 1
           for (int consumer = 0; consumer < Tile::CONSUMERS; ++consumer)
-            Handoff::of(consumer, ring + Tile::RING_BYTES, c, ldc, bias, residual, ldr, m, n)
+            Handoff::of(consumer, handoff_area, c, ldc, bias, residual, ldr, m, n)
                 .drain(drainer, item, tm * BM + consumer * Tile::WG_M, tn * BN);
         }
       }
@@ -409,7 +410,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       if constexpr (STORE == STORE_STAGED) {
         staged.finish(acc, row0, col0);
       } else if constexpr (STORE == STORE_HANDOFF) {
-        Handoff::of(consumer, ring + Tile::RING_BYTES, c, ldc, bias, residual, ldr, m, n).park(acc, item);
+        Handoff::of(consumer, handoff_area, c, ldc, bias, residual, ldr, m, n).park(acc, item);
       } else {
         const int frag_row0 = row0 + warp * 16;
 #pragma unroll

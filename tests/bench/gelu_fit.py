@@ -60,6 +60,8 @@ def header_coefficients(path: Path = HEADER) -> np.ndarray:
     literals = re.findall(r"(-?0x[0-9a-f.]+p[-+]?\d+)f", body)
     if len(literals) != DEGREE + 1:
         raise ValueError(f"{path}: gelu_fitted spells {len(literals)} coefficients, not {DEGREE + 1}")
+    if f"fminf(fabsf(x), {CLAMP}f)" not in body:
+        raise ValueError(f"{path}: gelu_fitted does not clamp |x| to {CLAMP}, as the fit and its error assume")
     return np.array([float.fromhex(v) for v in reversed(literals)], dtype=np.float32)
 
 
