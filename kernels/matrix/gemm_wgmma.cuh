@@ -39,7 +39,8 @@
 //                                STORE_HANDOFF (cooperative, unsplit): the sums
 //                                rounded to T into shared memory and finished
 //                                by the producer warpgroup's other three warps
-//                                while the consumers go on (handoff.cuh)
+//                                while the consumers go on, but for the CTA's
+//                                last unit, which they finish (handoff.cuh)
 //
 // Layouts: A is M x K with K contiguous (A_MAJOR = K_MAJOR, row-major A) or
 // M contiguous (MN_MAJOR: column-major A, stored as K x M rows); B is N x K
@@ -299,9 +300,9 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   if (warpgroup == 0) {
     registers_release<PRODUCER_REGISTERS>();
     if constexpr (STORE == STORE_HANDOFF) {
-      if (threadIdx.x >= 128 - Handoff::DRAINERS) {   // the drainers: every unit's blocks, consumer after consumer
-        const int drainer = threadIdx.x - (128 - Handoff::DRAINERS);
-        for (int u = first, item = 0; u < work.total; u += step, ++item) {
+      if (threadIdx.x >= 128 - Handoff::DRAINERS) {   // the drainers: every unit's blocks, consumer after consumer,
+        const int drainer = threadIdx.x - (128 - Handoff::DRAINERS);   // but the last unit's (the consumers finish it)
+        for (int u = first, item = 0; u + step < work.total; u += step, ++item) {
           int tm, tn, split, kb0, kb1;
           work.unit(u, rank, tm, tn, split, kb0, kb1);
 #pragma unroll 1
@@ -410,7 +411,13 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       if constexpr (STORE == STORE_STAGED) {
         staged.finish(acc, row0, col0);
       } else if constexpr (STORE == STORE_HANDOFF) {
-        Handoff::of(consumer, handoff_area, c, ldc, bias, residual, ldr, m, n).park(acc, item);
+        const Handoff handoff = Handoff::of(consumer, handoff_area, c, ldc, bias, residual, ldr, m, n);
+        if (u + step < work.total) {
+          handoff.park(acc, item);
+        } else {   // no K loop left to hide the epilogue behind: the consumer finishes its block itself
+          handoff.finish_last(acc, item, row0, col0, 1 + consumer);
+          break;   // (the loop's end, said so: the accumulators are dead while it drains)
+        }
       } else {
         const int frag_row0 = row0 + warp * 16;
 #pragma unroll

@@ -3,13 +3,17 @@
 // but for the one thread that issues the copies) finish it there while the
 // consumers go on with the next tile's K loop: they wait for the epilogue
 // only where the drainers fall a whole tile behind (their buffer is not yet
-// free). On the H100 the fused case still pays 32 us of the staged store's 54
-// for it (docs/performance.md): not waits, so far as measured.
+// free). A CTA's last unit has no K loop after it to hide behind: there each
+// consumer finishes its own block, 128 threads at it instead of 96 for two
+// blocks, and the drainers stop a unit early.
 //
 //   park    a consumer, after its K loop: waits until its buffer has been
 //           drained of the previous block, writes its fragments rounded to T
 //           (2 results a 4-byte word), and arrives on the buffer's `filled`
 //           barrier (every thread: the arrival releases its writes)
+//   finish_last  a consumer, after the CTA's last K loop: parks as above, then
+//           (its warpgroup's named barrier instead of `filled`) drains its
+//           own block as the drainers would, with the same arithmetic
 //   drain   the epilogue warps, for each unit of the CTA and each consumer in
 //           turn: request the bias and the first residual words, wait on
 //           `filled`, then per 16-byte chunk of 8 results: the parked sums,
@@ -46,6 +50,8 @@ struct HandoffEpilogue {
   static constexpr int CHUNKS = ROWS * ROW_CHUNKS;
   static constexpr unsigned BLOCK_BYTES = ROWS * BN * 2;
   static constexpr int DRAINERS = 96;           // warps 1..3 of the producer warpgroup
+  // a consumer finishing its own block: the most of its 128 threads that keep one column chunk each
+  static constexpr int SELF_DRAINERS = 128 / (BN / 8) * (BN / 8);
   static constexpr int BATCH = 4;               // chunks a drainer computes together
   static_assert(sizeof(T) == 2, "16-bit outputs");
   static_assert(ROWS % 64 == 0 && ROW_CHUNKS % 8 == 0, "whole m64 row blocks, rows of whole 8-chunk lines");
@@ -87,11 +93,33 @@ struct HandoffEpilogue {
     return row * (BN * 2) + 16 * (chunk ^ (row & 7));
   }
 
-  // Consumer side: the block of the `item`-th unit (0, 1, ...) into the buffer, rounded to T. The
+  // Consumer side: the block of the `item`-th unit (0, 1, ...) left to the drainers.
+  template <int ACC>
+  __device__ __forceinline__ void park(const float (&acc)[M_ATOMS][ACC], int item) const {
+    write(acc, item);
+    barrier_arrive(filled);
+  }
+
+  // Consumer side, the CTA's last unit: parked, then drained by the consumer's own threads
+  // (`barrier`: its warpgroup's named barrier). No drainer waits for this block.
+  template <int ACC>
+  __device__ __forceinline__ void finish_last(const float (&acc)[M_ATOMS][ACC], int item, int row0, int col0,
+                                              unsigned barrier) const {
+    write(acc, item);
+    named_barrier_sync(barrier, 128);
+    const int thread = threadIdx.x % 128;
+    if (thread >= SELF_DRAINERS) return;
+    if (whole(row0, col0))
+      drain_whole<SELF_DRAINERS, false>(thread, item, row0, col0);
+    else
+      drain_clipped<SELF_DRAINERS>(thread, row0, col0);
+  }
+
+  // The block into the buffer, rounded to T, once the drainers are done with its previous one. The
   // fragments are wgmma m64nBNk16's (staging.cuh): lane l of warp w holds rows 64 a + 16 w + l / 4
   // (+ 8) and columns 8 j + 2 (l % 4) (+ 1) of row block a.
   template <int ACC>
-  __device__ __forceinline__ void park(const float (&acc)[M_ATOMS][ACC], int item) const {
+  __device__ __forceinline__ void write(const float (&acc)[M_ATOMS][ACC], int item) const {
     static_assert(ACC == BN / 2, "BN / 2 accumulators a row block");
     const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32, q = lane % 4;
     if (item > 0) barrier_wait(drained, (item - 1) & 1);
@@ -107,7 +135,11 @@ struct HandoffEpilogue {
         }
       }
     }
-    barrier_arrive(filled);
+  }
+
+  // The block at (row0, col0) lies inside C and every operand goes in 16-byte vectors.
+  __device__ __forceinline__ bool whole(int row0, int col0) const {
+    return vectors && row0 + ROWS <= direct.m && col0 + BN <= direct.n;
   }
 
   // Drainer side (`drainer` in 0..DRAINERS): the `item`-th unit's block, whose first element is
@@ -115,29 +147,34 @@ struct HandoffEpilogue {
   // 16 bytes at a time; its bias and first residual words are requested before the wait, while the
   // consumers' K loop still runs.
   __device__ __forceinline__ void drain(int drainer, int item, int row0, int col0) const {
-    if (vectors && row0 + ROWS <= direct.m && col0 + BN <= direct.n) {
-      drain_whole(drainer, item, row0, col0);
+    if (whole(row0, col0)) {
+      drain_whole<DRAINERS, true>(drainer, item, row0, col0);
     } else {
       barrier_wait(filled, item & 1);
-      drain_clipped(drainer, row0, col0);
+      drain_clipped<DRAINERS>(drainer, row0, col0);
     }
     barrier_arrive(drained);
   }
 
-  // DRAINERS is a multiple of ROW_CHUNKS, so drainer d's chunks d, d + DRAINERS, ... are all column
-  // chunk d % ROW_CHUNKS: rows d / ROW_CHUNKS + ROW_STEP t of it. One bias chunk serves them all.
-  static constexpr int ROW_STEP = DRAINERS / ROW_CHUNKS;
-  static constexpr int ROWS_A_DRAINER = (ROWS + ROW_STEP - 1) / ROW_STEP;   // (the last may lie past ROWS)
-  static constexpr int BATCHES = (ROWS_A_DRAINER + BATCH - 1) / BATCH;
-  static_assert(DRAINERS % ROW_CHUNKS == 0, "a drainer keeps one column chunk");
+  // THREADS (the drainers, or a consumer's SELF_DRAINERS) is a multiple of ROW_CHUNKS, so thread
+  // d's chunks d, d + THREADS, ... are all column chunk d % ROW_CHUNKS: rows d / ROW_CHUNKS +
+  // (THREADS / ROW_CHUNKS) t of it. One bias chunk serves them all.
+  template <int THREADS>
+  struct Rows {
+    static_assert(THREADS % ROW_CHUNKS == 0, "a drainer keeps one column chunk");
+    static constexpr int STEP = THREADS / ROW_CHUNKS;
+    static constexpr int A_DRAINER = (ROWS + STEP - 1) / STEP;   // (the last may lie past ROWS)
+    static constexpr int BATCHES = (A_DRAINER + BATCH - 1) / BATCH;
+  };
 
   // The residual words of batch b (rows t = BATCH b .. BATCH b + BATCH - 1 of the drainer's).
+  template <int THREADS>
   __device__ __forceinline__ void load_residual(uint4 (&words)[BATCH], int b, int first_row, int j, int row0,
                                                 int col0) const {
     if constexpr (RESIDUAL) {
 #pragma unroll
       for (int i = 0; i < BATCH; ++i) {
-        const int r = first_row + ROW_STEP * (BATCH * b + i);
+        const int r = first_row + Rows<THREADS>::STEP * (BATCH * b + i);
         if (r < ROWS)
           words[i] = *reinterpret_cast<const uint4*>(direct.residual + (row0 + r) * direct.ldr + col0 + 8 * j);
       }
@@ -145,17 +182,18 @@ struct HandoffEpilogue {
   }
 
   // Batch b of the drainer's chunks finished and stored, their residual words in `words`.
+  template <int THREADS>
   __device__ __forceinline__ void finish_batch(const uint4 (&words)[BATCH], int b, int first_row, int j, int row0,
                                                int col0, const unsigned (&bias)[4]) const {
     uint4 parked[BATCH];
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
-      const int r = first_row + ROW_STEP * (BATCH * b + i);
+      const int r = first_row + Rows<THREADS>::STEP * (BATCH * b + i);
       if (r < ROWS) parked[i] = load_shared_vector(buffer + offset(r, j));
     }
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
-      const int r = first_row + ROW_STEP * (BATCH * b + i);
+      const int r = first_row + Rows<THREADS>::STEP * (BATCH * b + i);
       if (r >= ROWS) continue;
       const unsigned p[4] = {parked[i].x, parked[i].y, parked[i].z, parked[i].w};
       const unsigned s[4] = {RESIDUAL ? words[i].x : 0u, RESIDUAL ? words[i].y : 0u, RESIDUAL ? words[i].z : 0u,
@@ -169,28 +207,32 @@ struct HandoffEpilogue {
 
   // A software pipeline of batches in two register sets: batch b + 1's residual loads are in flight
   // while batch b is computed (in place, c == residual, a drainer reads only chunks it has not yet
-  // written).
+  // written). WAIT: the block's `filled` barrier first (the drainers; a consumer finishing its own
+  // block has synchronised its warpgroup instead).
+  template <int THREADS, bool WAIT>
   __device__ __forceinline__ void drain_whole(int drainer, int item, int row0, int col0) const {
+    constexpr int BATCHES = Rows<THREADS>::BATCHES;
     const int j = drainer % ROW_CHUNKS, first_row = drainer / ROW_CHUNKS;
     uint4 bias_words = make_uint4(0u, 0u, 0u, 0u), even[BATCH], odd[BATCH];
     if constexpr (BIAS) bias_words = *reinterpret_cast<const uint4*>(direct.bias + col0 + 8 * j);
-    load_residual(even, 0, first_row, j, row0, col0);
-    barrier_wait(filled, item & 1);
+    load_residual<THREADS>(even, 0, first_row, j, row0, col0);
+    if constexpr (WAIT) barrier_wait(filled, item & 1);
     const unsigned bias[4] = {bias_words.x, bias_words.y, bias_words.z, bias_words.w};
 #pragma unroll 1
     for (int b = 0; b < BATCHES; b += 2) {
-      if (b + 1 < BATCHES) load_residual(odd, b + 1, first_row, j, row0, col0);
-      finish_batch(even, b, first_row, j, row0, col0, bias);
+      if (b + 1 < BATCHES) load_residual<THREADS>(odd, b + 1, first_row, j, row0, col0);
+      finish_batch<THREADS>(even, b, first_row, j, row0, col0, bias);
       if (b + 1 < BATCHES) {
-        if (b + 2 < BATCHES) load_residual(even, b + 2, first_row, j, row0, col0);
-        finish_batch(odd, b + 1, first_row, j, row0, col0, bias);
+        if (b + 2 < BATCHES) load_residual<THREADS>(even, b + 2, first_row, j, row0, col0);
+        finish_batch<THREADS>(odd, b + 1, first_row, j, row0, col0, bias);
       }
     }
   }
 
   // The general case: each element inside M x N, one at a time.
+  template <int THREADS>
   __device__ __forceinline__ void drain_clipped(int drainer, int row0, int col0) const {
-    for (int chunk = drainer; chunk < CHUNKS; chunk += DRAINERS) {
+    for (int chunk = drainer; chunk < CHUNKS; chunk += THREADS) {
       const int r = chunk / ROW_CHUNKS, j = chunk % ROW_CHUNKS, row = row0 + r, col = col0 + 8 * j;
       if (row >= direct.m || col >= direct.n) continue;
       const uint4 parked = load_shared_vector(buffer + offset(r, j));
