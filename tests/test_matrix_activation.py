@@ -44,7 +44,7 @@ def test_edge_values_match_float64(fit):
     assert got[8] == np.inf and np.isnan(got[9])
 
 
-def test_the_fitted_evaluation_compiles_to_half_the_instructions(sass):
+def test_the_fitted_evaluation_compiles_to_half_the_instructions(sass, fit):
     """The staged cooperative 128 x 256 kernel with bias + GELU(erf) + residual: no FSEL (erff selects
     its coefficients), two hardware approximations a result, no spills."""
     from collections import Counter
@@ -54,7 +54,7 @@ def test_the_fitted_evaluation_compiles_to_half_the_instructions(sass):
     real = space.realisation("wgmma", "bfloat16", "k", "k", Epilogue("gelu_erf", bias=True, residual=True), **knobs)
     counts = {}
     for name, source in (("erff", codegen.source(real)),
-                         ("fitted", codegen.source(real).replace("ACT_GELU_ERF,", "ACT_GELU_ERF_FITTED,"))):
+                         ("fitted", fit.fitted_source(codegen.source(real)))):
         built = build.compile_source(real, source, f"{name}.cu", build.headers(real), "sm_90a")
         assert build.healthy(built) == []
         counts[name] = Counter(i.opcode.split(".")[0] for i in sass.parse(sass.disassemble(built.cubin))[0])

@@ -51,7 +51,7 @@ struct HandoffEpilogue {
   static constexpr unsigned BLOCK_BYTES = ROWS * BN * 2;
   static constexpr int DRAINERS = 96;           // warps 1..3 of the producer warpgroup
   // a consumer finishing its own block: the most of its 128 threads that keep one column chunk each
-  static constexpr int SELF_DRAINERS = 128 / (BN / 8) * (BN / 8);
+  static constexpr int SELF_DRAINERS = 128 / ROW_CHUNKS * ROW_CHUNKS;
   static constexpr int BATCH = 4;               // chunks a drainer computes together
   static_assert(sizeof(T) == 2, "16-bit outputs");
   static_assert(ROWS % 64 == 0 && ROW_CHUNKS % 8 == 0, "whole m64 row blocks, rows of whole 8-chunk lines");

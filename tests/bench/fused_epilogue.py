@@ -33,6 +33,7 @@ from aicg.matrix import build, codegen, space, worker  # noqa: E402
 from aicg.matrix.problem import Problem  # noqa: E402
 from aicg.matrix.space import Epilogue  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
+from gelu_fit import fitted_source  # noqa: E402
 
 N, K = 4096, 4096
 COMMON = dict(cluster_m=1, raster="m", group=8, split_k=1)
@@ -67,17 +68,12 @@ def profiled_launch(real, cubin: bytes, problem: Problem) -> None:
         cu.cuProfilerStop()
 
 
-FITTED = ("aicg::matrix::ACT_GELU_ERF,", "aicg::matrix::ACT_GELU_ERF_FITTED,")
-
-
 def compiled(real, kernels_dir, fitted: bool) -> bytes:
     """The realisation's cubin; `fitted`: with GELU(erf) evaluated by epilogue.cuh's fitted formula."""
     arch = build.arch_for(real, (9, 0))
     if not fitted:
         return build.compile_realisation(real, arch, kernels_dir).cubin
-    source = codegen.source(real)
-    assert FITTED[0] in source, "a GELU(erf) kernel"
-    return build.compile_source(real, source.replace(*FITTED), f"{real.name}.fitted.cu",
+    return build.compile_source(real, fitted_source(codegen.source(real)), f"{real.name}.fitted.cu",
                                 build.headers(real, kernels_dir), arch).cubin
 
 

@@ -34,6 +34,15 @@ EX2_ULPS, RCP_ULPS = 2, 1      # the hardware approximations' error bounds assum
 _erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
+def fitted_source(source: str) -> str:
+    """A realisation's generated source with its GELU(erf) evaluated by gelu_fitted instead of erff (no
+    realisation names ACT_GELU_ERF_FITTED yet: the bench and the tests build it this way)."""
+    erff, fitted = "aicg::matrix::ACT_GELU_ERF,", "aicg::matrix::ACT_GELU_ERF_FITTED,"
+    if erff not in source:
+        raise ValueError("not a GELU(erf) kernel's source")
+    return source.replace(erff, fitted)
+
+
 def exact_gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * _erfc(-x / math.sqrt(2.0)).astype(np.float64)
 
