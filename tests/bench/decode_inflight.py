@@ -117,8 +117,8 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 // The CTA's share of `chunks` chunks: [cta chunks / ctas, (cta + 1) chunks / ctas). The producer
 // (the last warp's lane 0) keeps STAGES chunks in flight; the WARPS consumer warps each take a
 // slice of every chunk (CONSUME: xor its words; or a GEMV's rows), then free the stage.
-template <int WARPS, int STAGES, int CHUNK, typename Consume>
-__device__ __forceinline__ void bulk_ring(const char* src, long long chunks, Consume consume) {
+template <int WARPS, int STAGES, int CHUNK, typename Prologue, typename Consume>
+__device__ __forceinline__ void bulk_ring(const char* src, long long chunks, Prologue prologue, Consume consume) {
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -139,6 +139,9 @@ __device__ __forceinline__ void bulk_ring(const char* src, long long chunks, Con
     }
     return;
   }
+  // the consumers' own set-up (x into shared memory) while the first chunks are in flight
+  prologue();
+  asm volatile("bar.sync 1, %0;" :: "r"(32 * WARPS) : "memory");
   for (long long c = first; c < last; ++c) {
     const int i = (int)(c - first), s = i % STAGES;
     bar_wait(smem(&full[s]), (i / STAGES) & 1);
@@ -152,7 +155,7 @@ template <int WARPS, int STAGES, int CHUNK>
 __device__ void read_bulk(const char* src, long long chunks, unsigned* sink) {
   unsigned f = 0;
   const int t = threadIdx.x;
-  bulk_ring<WARPS, STAGES, CHUNK>(src, chunks, [&](const unsigned char* stage, long long) {
+  bulk_ring<WARPS, STAGES, CHUNK>(src, chunks, [] {}, [&](const unsigned char* stage, long long) {
     for (int o = 16 * t; o < CHUNK; o += 16 * 32 * WARPS) {
       const uint4 v = *reinterpret_cast<const uint4*>(stage + o);
       f ^= v.x ^ v.w;
@@ -166,12 +169,13 @@ __device__ void read_bulk(const char* src, long long chunks, unsigned* sink) {
 template <int WARPS, int STAGES, int CHUNK>
 __device__ void bulk_gemv(const unsigned short* x, const unsigned short* w, float* y, int k, long long chunks) {
   __shared__ __align__(16) unsigned short xs[8192];
-  for (int i = threadIdx.x * 8; i < k; i += blockDim.x * 8)
-    *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(x + i);
-  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows_per_chunk = CHUNK / (2 * k);
-  bulk_ring<WARPS, STAGES, CHUNK>(reinterpret_cast<const char*>(w), chunks,
+  auto load_x = [&] {
+    for (int i = threadIdx.x * 8; i < k; i += 32 * WARPS * 8)
+      *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(x + i);
+  };
+  bulk_ring<WARPS, STAGES, CHUNK>(reinterpret_cast<const char*>(w), chunks, load_x,
                                   [&](const unsigned char* stage, long long c) {
     for (int rr = warp; rr < rows_per_chunk; rr += WARPS) {
       const unsigned short* row = reinterpret_cast<const unsigned short*>(stage) + (long long)rr * k;
