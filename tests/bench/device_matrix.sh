@@ -9,6 +9,8 @@
 #   BENCH_SECONDS=240        (tests/bench/matmul_bench.py with BENCH's arguments; empty BENCH: skip)
 #   FUSED="--schedules 0,5 --epilogues 0,3"   (tests/bench/fused_epilogue.py's arguments besides --json;
 #                             FUSED_SECONDS, default 200; empty FUSED: skip)
+#   RECALIBRATE="docs/bench/RUN.json ..."   (the GPU's matrix profile, hwdb/<gpu>.matrix.json, written again
+#                             from these runs and this call's bench run, before the record: to $OUT)
 #   RECORD=1                 (doit record of the matmul profile: hwdb/<gpu>.validations.jsonl to $OUT;
 #                             RECORD_SECONDS, default 300: past it, what was validated is recorded)
 # Results go to $OUT (or ./device-out): the matrix profile, the bench JSON, the fused epilogue's JSON,
@@ -48,6 +50,13 @@ fi
 if [ -n "${FUSED:-}" ]; then
   timeout "${FUSED_SECONDS:-200}" python3 tests/bench/fused_epilogue.py --json "$OUT/fused.json" $FUSED 2>&1 \
     | tee "$LOGS/fused.log" | grep -v Warning | tail -30
+  keep_logs
+fi
+if [ -n "${RECALIBRATE:-}" ]; then
+  python3 tests/bench/matmul_profile.py $RECALIBRATE $( [ -s "$OUT/matmul.json" ] && echo "$OUT/matmul.json" ) \
+    --out "hwdb/$entry.matrix.json" --driver "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader)" 2>&1 \
+    | tee "$LOGS/recalibrate.log" | tail -5
+  cp "hwdb/$entry.matrix.json" "$OUT/" 2>/dev/null
   keep_logs
 fi
 if [ "${RECORD:-0}" = 1 ]; then
