@@ -237,6 +237,13 @@ def test_bench_runs_become_records_of_validated_times_only(tmp_path):
     assert matmul_profile.main([str(tmp_path / "2026-12-05-a.json"), str(tmp_path / "2026-12-06-b.json"),
                                 "--out", str(out), "--driver", "580"]) == 0
     assert calibration.load(out).records == tuple(records)
+    # a run under a write flush and a file that is no bench run are left out, by name
+    (tmp_path / "write.json").write_text(json.dumps({**second, "args": {"flush": "write"}}))
+    (tmp_path / "diagnostic.json").write_text(json.dumps({"device": device, "cases": []}))
+    taken, left = matmul_profile.usable([(str(tmp_path / n), json.loads((tmp_path / n).read_text()))
+                                         for n in ("2026-12-05-a.json", "write.json", "diagnostic.json")])
+    assert [name for name, _ in taken] == [str(tmp_path / "2026-12-05-a.json")]
+    assert "by a write" in left[0] and "not a matmul_bench run" in left[1]
 
 
 # --- a GPU with none of its own -------------------------------------------------------------------

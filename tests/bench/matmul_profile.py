@@ -3,6 +3,8 @@
     python tests/bench/matmul_profile.py RUN.json [RUN.json ...] --out hwdb/<gpu>.matrix.json
         [--driver VERSION] [--clocks TEXT]
 
+Runs that are not matmul_bench runs, or that evicted the L2 by a write (--flush write), are left out
+and named: a glob of docs/bench/ serves.
 Each case a run timed (the square, fused and grid stages) and validated against float64 in the
 same run becomes a record: the realisation, M, N, K and the median seconds; the fastest median
 where several runs timed one realisation at one shape. Cases of realisations that the space
@@ -56,6 +58,21 @@ def _shape(problem: str) -> tuple[int, int, int]:
     return int(m), int(n), int(k)
 
 
+def usable(runs: list[tuple[str, dict]]) -> tuple[list[tuple[str, dict]], list[str]]:
+    """(the runs a profile takes, why each other was left out): matmul_bench runs only (a diagnostic
+    file records no arch), and only those that evicted the L2 by a read, the method every other run
+    and the build's own timings use (a write flush leaves dirty lines for the kernel to write back)."""
+    taken, left = [], []
+    for name, data in runs:
+        if "arch" not in data or "cases" not in data:
+            left.append(f"{name}: not a matmul_bench run")
+        elif data.get("args", {}).get("flush", "read") != "read":
+            left.append(f"{name}: the L2 evicted by a {data['args']['flush']}, not a read")
+        else:
+            taken.append((name, data))
+    return taken, left
+
+
 def collect(runs: list[tuple[str, dict]]) -> tuple[dict, list[dict], dict[str, int]]:
     """(provenance without driver and clocks, records, counts of the cases left out by reason)."""
     devices = {(d["device"]["name"], d["arch"]) for _, d in runs}
@@ -102,7 +119,11 @@ def main(argv=None) -> int:
     parser.add_argument("--driver", help="the driver version, where the runs did not record it")
     parser.add_argument("--clocks", default="not recorded by the runs")
     args = parser.parse_args(argv)
-    runs = [(str(p), json.loads(p.read_text())) for p in args.runs]
+    runs, left = usable([(str(p), json.loads(p.read_text())) for p in args.runs])
+    for why in left:
+        print(f"left out {why}")
+    if not runs:
+        raise SystemExit("no matmul_bench run with the L2 evicted by a read among the runs")
     provenance, records, left_out = collect(runs)
     drivers = {d.get("driver") for _, d in runs} - {None}
     driver = drivers.pop() if len(drivers) == 1 else args.driver
