@@ -268,25 +268,24 @@ def run(out: dict, cubin: bytes, sms: int, flush) -> None:
             kernel = driver.Kernel(cubin, name)
             args = [(w.ptr, "ptr"), (K, "int"), (sink.ptr, "ptr")]
             record("rows", name, median_us(lambda: kernel.launch(n // 8, 32 * warps, args), flush), ctas=n // 8)
-        for name, warps, stages, chunk_kib in READ_BULK:
+        def ring_launches(name, warps, stages, chunk_kib):
+            """(kernel, dynamic shared bytes, chunks of the weight, CTAs) of a bulk-ring kernel: one CTA
+            an SM, and as many as the SM holds where that is more."""
             kernel = driver.Kernel(cubin, name)
             shared = stages * chunk_kib * 1024
             kernel.allow_shared_bytes(shared)
-            chunks = nbytes // (chunk_kib * 1024)
             per_sm = max(1, kernel.resident_blocks(32 * (warps + 1), shared) // sms)
-            for ctas in sorted({sms, sms * per_sm}):
+            return [(kernel, shared, nbytes // (chunk_kib * 1024), ctas) for ctas in sorted({sms, sms * per_sm})]
+
+        for name, warps, stages, chunk_kib in READ_BULK:
+            for kernel, shared, chunks, ctas in ring_launches(name, warps, stages, chunk_kib):
                 args = [(w.ptr, "ptr"), (chunks, "i64"), (sink.ptr, "ptr")]
                 record("bulk", name, median_us(lambda: kernel.launch(ctas, 32 * (warps + 1), args, 0, shared), flush),
                        ctas=ctas, in_flight_per_sm=shared * ctas // sms)
         reference = from_bf16(w_bits).astype(np.float64) @ from_bf16(x_bits).astype(np.float64)
         y = driver.Buffer(n * 4)
         for name, warps, stages, chunk_kib in BULK_GEMV:
-            kernel = driver.Kernel(cubin, name)
-            shared = stages * chunk_kib * 1024
-            kernel.allow_shared_bytes(shared)
-            chunks = nbytes // (chunk_kib * 1024)
-            per_sm = max(1, kernel.resident_blocks(32 * (warps + 1), shared) // sms)
-            for ctas in sorted({sms, sms * per_sm}):
+            for kernel, shared, chunks, ctas in ring_launches(name, warps, stages, chunk_kib):
                 args = [(x.ptr, "ptr"), (w.ptr, "ptr"), (y.ptr, "ptr"), (K, "int"), (chunks, "i64")]
                 y.fill_byte(0xFF)   # NaN: a row the kernel skips shows
                 kernel.launch(ctas, 32 * (warps + 1), args, 0, shared)
