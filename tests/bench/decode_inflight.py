@@ -30,8 +30,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from aicg import nvrtc  # noqa: E402
+from aicg.dtypes import DTYPES  # noqa: E402
 from aicg.matrix import timing  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
+from decode_floor import median_us  # noqa: E402
+
+BF16 = DTYPES["bfloat16"]
 
 K = 4096
 NS = (1024, 4096, 6144, 28672)
@@ -223,35 +227,21 @@ BULK_GEMV = (("bulk_gemv_4_4_32", 4, 4, 32), ("bulk_gemv_4_6_32", 4, 6, 32), ("b
              ("bulk_gemv_4_3_64", 4, 3, 64))
 
 
-def median_us(launch, flush, repetitions=30) -> float:
-    return timing.median_seconds(launch, flush, repetitions)["median_seconds"] * 1e6
-
-
 def compile_source(compute_capability: tuple[int, int]) -> bytes:
     major, minor = compute_capability
-    cubin, report, _ = nvrtc.compile_cubin(SOURCE, "decode_inflight.cu", {}, f"sm_{major}{minor}")
+    cubin, _, _ = nvrtc.compile_cubin(SOURCE, "decode_inflight.cu", {}, f"sm_{major}{minor}")
     return cubin
-
-
-def bf16(values: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
-    bits = values.astype(np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def run(out: dict, cubin: bytes, sms: int, flush) -> None:
     sink = driver.Buffer(4)
     rng = np.random.default_rng(7)
-    x_bits = bf16(rng.standard_normal(K))
+    x_bits = BF16.encode(rng.standard_normal(K))
     x = driver.Buffer(K * 2)
     x.upload(x_bits)
     for n in NS:
         nbytes = n * K * 2
-        w_bits = bf16(rng.standard_normal((n, K)) * 0.05)
+        w_bits = BF16.encode(rng.standard_normal((n, K)) * 0.05)
         w = driver.Buffer(nbytes)
         w.upload(w_bits)
 
@@ -282,7 +272,7 @@ def run(out: dict, cubin: bytes, sms: int, flush) -> None:
                 args = [(w.ptr, "ptr"), (chunks, "i64"), (sink.ptr, "ptr")]
                 record("bulk", name, median_us(lambda: kernel.launch(ctas, 32 * (warps + 1), args, 0, shared), flush),
                        ctas=ctas, in_flight_per_sm=shared * ctas // sms)
-        reference = from_bf16(w_bits).astype(np.float64) @ from_bf16(x_bits).astype(np.float64)
+        reference = BF16.decode(w_bits).astype(np.float64) @ BF16.decode(x_bits).astype(np.float64)
         y = driver.Buffer(n * 4)
         for name, warps, stages, chunk_kib in BULK_GEMV:
             for kernel, shared, chunks, ctas in ring_launches(name, warps, stages, chunk_kib):

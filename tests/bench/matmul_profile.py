@@ -5,6 +5,7 @@
 
 Runs that are not matmul_bench runs, or that evicted the L2 by a write (--flush write), are left out
 and named: a glob of docs/bench/ serves.
+
 Each case a run timed (the square, fused and grid stages) and validated against float64 in the
 same run becomes a record: the realisation, M, N, K and the median seconds; the fastest median
 where several runs timed one realisation at one shape. Cases of realisations that the space
