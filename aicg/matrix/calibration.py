@@ -9,14 +9,18 @@ by measurement, as the row families' realisation profile calibrates theirs
 what it cannot know: how fast this GPU runs a schedule, an epilogue store, a
 cluster, a tile shape.
 
-Per template, the log of measured over modelled time of every record is fitted
-by ridge regression (RIDGE) on the realisation's features: each knob's value,
-the dtype, the layouts, the epilogue's parts, and log2 M, N, K with (log2 M)^2
-(how far the model's regime is off as M goes from decode to prefill). A
-realisation then carries the effect of each of its knobs' values whether or not
-its combination was measured: on the H100's profile, held out one realisation
-at a time, the model alone predicted the held-out times within 0.36 (root mean
-square of the log error), the fit within 0.16 (tests/bench/matmul_plan_accuracy.py).
+Per template, the log of measured over modelled time is fitted by ridge
+regression (RIDGE) on the realisation's features: each knob's value, the dtype,
+the layouts, the epilogue's parts, and log2 M, N, K with (log2 M)^2 (how far the
+model's regime is off as M goes from decode to prefill), in two layers: the
+plain records (no epilogue) fit the knobs' effects, and the fused records fit
+what an epilogue adds over that (their residuals from the plain fit). So a fused
+run, few cases at one shape, says what an epilogue costs on each design without
+moving a single plain prediction. A realisation then carries the effect of each
+of its knobs' values whether or not its combination was measured: on the H100's
+profile, held out one realisation at a time, the model alone predicted the
+held-out times within 0.29 (root mean square of the log error), the fit within
+0.18 (tests/bench/matmul_plan_accuracy.py).
 A measured realisation adds its own records' residuals, weighted by how near
 their shapes are (shape_weight) and shrunk a little (OWN_SHRINK): what it
 measured at a shape is what it will measure there. A template the profile has
@@ -208,13 +212,44 @@ class _Fit:
         return float(features(self.names, real, held) @ self.effects)
 
 
+def kind(real: Realisation) -> str:
+    """"plain" or "fused": the calibration's two layers."""
+    return "plain" if real.epilogue.name == "plain" else "fused"
+
+
+@dataclass(frozen=True)
+class _Layered:
+    """One template's fit in two layers: `plain` fitted to the plain records, `fused` to the fused
+    records' residuals from it (or to their ratios, where the template has no plain record). A
+    plain realisation reads the first layer only; None where a layer had no record."""
+    plain: _Fit | None
+    fused: _Fit | None
+
+    @classmethod
+    def of(cls, template: str, points: list[tuple[Realisation, tuple[int, int, int], float]]) -> "_Layered":
+        plain = [p for p in points if kind(p[0]) == "plain"]
+        fused = [p for p in points if kind(p[0]) == "fused"]
+        base = _Fit.of(template, plain) if plain else None
+        if base is not None:
+            fused = [(real, shape, ratio - base(real, shape)) for real, shape, ratio in fused]
+        return cls(base, _Fit.of(template, fused) if fused else None)
+
+    def __call__(self, real: Realisation, shape: tuple[int, int, int]) -> float | None:
+        """The log ratio, or None where the layers `real` reads hold no record."""
+        base = self.plain(real, shape) if self.plain is not None else None
+        if kind(real) == "plain" or self.fused is None:
+            return base
+        return (base or 0.0) + self.fused(real, shape)
+
+
 class Calibration:
     """The log of measured over modelled time of a realisation at a shape, fitted to the profile's
     records; `model(real, problem)` is the prior's uncalibrated seconds.
 
-    `spread` is how far off the fit was for realisations it had not measured: the root mean square
-    of the log error of each realisation's records predicted by a fit made without them (at most
-    SPREAD_SAMPLES realisations, evenly taken). cautious_seconds() adds it, in part as a realisation's
+    `spread` is how far off the fit was for realisations it had not measured, for plain and for fused
+    ones: the root mean square of the log error of each realisation's records predicted by a fit made
+    without them (at most SPREAD_SAMPLES realisations of each kind a template, evenly taken).
+    cautious_seconds() adds a realisation's kind's, in part as a realisation's
     own records near the shape vouch for it, so that the plan prefers a measured kernel to an
     unmeasured one predicted a little faster: the fastest of many uncertain predictions is the most
     likely to be too fast."""
@@ -229,8 +264,12 @@ class Calibration:
             problem = Problem(*shape, real.dtype, real.a_major, real.b_major, real.epilogue)
             ratios.append(math.log(r["seconds"] / model(real, problem)))
             by_template.setdefault(real.template, []).append((real, shape, ratios[-1]))
-        self._overall = sum(ratios) / len(ratios)
-        self._fits = {template: _Fit.of(template, points) for template, points in sorted(by_template.items())}
+        # what a template without records borrows: the model's error on plain records where there are
+        # any (a fused run moves no plain prediction)
+        plain = [ratio for r, ratio in zip(profile.records, ratios)
+                 if kind(Realisation.from_dict(r["realisation"])) == "plain"] or ratios
+        self._overall = sum(plain) / len(plain)
+        self._fits = {template: _Layered.of(template, points) for template, points in sorted(by_template.items())}
         self._residuals: dict[Realisation, list[tuple[tuple[int, int, int], float]]] = {}
         for template, points in by_template.items():
             for real, shape, ratio in points:
@@ -243,9 +282,10 @@ class Calibration:
         key = (real, shape)
         if key not in self._cache:
             fit = self._fits.get(real.template)
-            found, vouched = (self._overall, 0.0) if fit is None else (fit(real, shape), 0.0)
+            fitted = fit(real, shape) if fit is not None else None
+            found, vouched = (self._overall, 0.0) if fitted is None else (fitted, 0.0)
             own = self._residuals.get(real)
-            if fit is not None and own:
+            if fitted is not None and own:
                 weights = [shape_weight(shape, s) for s, _ in own]
                 vouched = sum(weights)
                 found += sum(w * e for w, (_, e) in zip(weights, own)) / (vouched + OWN_SHRINK)
@@ -263,21 +303,28 @@ class Calibration:
         """seconds() with the fit's spread added where the realisation's own records do not vouch for
         it: all of it unmeasured, a tenth of it at a shape it measured (OWN_SHRINK's share)."""
         found, vouched = self._at(real, (problem.m, problem.n, problem.k))
-        return modelled * math.exp(found + self.spread * OWN_SHRINK / (vouched + OWN_SHRINK))
+        return modelled * math.exp(found + self.spread[kind(real)] * OWN_SHRINK / (vouched + OWN_SHRINK))
 
 
 SPREAD_SAMPLES = 64
 
 
-def _held_out_spread(by_template: dict[str, list]) -> float:
-    errors = []
+def _held_out_spread(by_template: dict[str, list]) -> dict[str, float]:
+    """{"plain": ..., "fused": ...}: a kind with no realisation to hold out takes the other's errors."""
+    errors: dict[str, list[float]] = {"plain": [], "fused": []}
     for template, points in by_template.items():
-        reals = list(dict.fromkeys(real for real, _, _ in points))
-        step = max(1, len(reals) // SPREAD_SAMPLES)
-        for held in reals[::step]:
-            rest = [p for p in points if p[0] != held]
-            if not rest:
-                continue
-            fit = _Fit.of(template, rest)
-            errors += [ratio - fit(real, shape) for real, shape, ratio in points if real == held]
-    return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else 0.0
+        for this in errors:
+            reals = list(dict.fromkeys(real for real, _, _ in points if kind(real) == this))
+            step = max(1, len(reals) // SPREAD_SAMPLES)
+            for held in reals[::step]:
+                rest = [p for p in points if p[0] != held]
+                if not rest:
+                    continue
+                fit = _Layered.of(template, rest)
+                guesses = [(ratio, fit(real, shape)) for real, shape, ratio in points if real == held]
+                errors[this] += [ratio - guess for ratio, guess in guesses if guess is not None]
+
+    def rms(es: list[float]) -> float:
+        return math.sqrt(sum(e * e for e in es) / len(es)) if es else 0.0
+    every = errors["plain"] + errors["fused"]
+    return {this: rms(es or every) for this, es in errors.items()}

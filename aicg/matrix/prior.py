@@ -244,16 +244,24 @@ def _gemv(real: Realisation, p: Problem, hw: dict) -> Terms:
     rules = RULES["gemv"]
     geometry = rules.geometry(real, p, int(hw["sm_count"]), None)
     ctas = geometry.grid[0] * geometry.grid[1]
-    resident = min(ctas * rules.threads(real), hw["sm_count"] * hw["max_threads_per_sm"])
-    in_flight = resident / hw["sm_count"] * 16 * k["tiles"] * k["unroll"]
-    # Each CTA streams an equal share of the weight and the busiest SM, with ceil(ctas / SMs) of
-    # them, sets the time: 448 CTAs on 132 SMs keep the weight's reads at 3.39 / 4 of the rate. The
-    # even spread's grid is one full wave (a whole number of CTAs an SM): no SM idles.
-    per_sm = ctas / hw["sm_count"]
-    balance = per_sm / math.ceil(per_sm)
+    if k["spread"] == "bulk":
+        # the ring's stages in flight but the one read; a CTA's run of whole blocks, the longest
+        # run sets the time
+        in_flight = min(ctas, hw["sm_count"] * rules.blocks_per_sm_estimate(real)) / hw["sm_count"] \
+            * (k["ring"] - 1) * rules.bulk_stage_bytes(real)
+        per_cta = -(-p.n // rules.columns_per_block(real)) / ctas
+        balance = per_cta / math.ceil(per_cta) * min(1.0, ctas / hw["sm_count"])
+    else:
+        resident = min(ctas * rules.threads(real), hw["sm_count"] * hw["max_threads_per_sm"])
+        in_flight = resident / hw["sm_count"] * 16 * k["tiles"] * k["unroll"]
+        # Each CTA streams an equal share of the weight and the busiest SM, with ceil(ctas / SMs) of
+        # them, sets the time: 448 CTAs on 132 SMs keep the weight's reads at 3.39 / 4 of the rate.
+        # The even spread's grid is one full wave (a whole number of CTAs an SM): no SM idles.
+        per_sm = ctas / hw["sm_count"]
+        balance = per_sm / math.ceil(per_sm)
     dram = _io_bytes(p) / (hw["dram_read_bandwidth"] * _fill(in_flight, hw["load_bytes_in_flight"]) * balance)
     compute = 2.0 * GEMV_ROWS * p.n * p.k / hw[f"mma_flops.{p.dtype}"]
-    if k["spread"] == "warps":     # the warps' sums are added in shared memory
+    if k["spread"] in ("warps", "bulk"):     # the warps' sums are added in shared memory
         partial_bytes = 0
     elif k["spread"] == "even":
         published = rules.even_shares(real, p, int(hw["sm_count"])).partial_segments if geometry.splits > 1 else 0

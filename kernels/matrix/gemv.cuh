@@ -25,6 +25,16 @@
 //                               workspace, no tickets: at M = 1 the weight is
 //                               read by many small CTAs, each SM's warps on
 //                               different rows of W.
+//                SPREAD_BULK    (sm_90) grid: at most the CTAs one wave holds,
+//                               each a contiguous run of column blocks of
+//                               TILES x 8 columns. A producer warp streams the
+//                               run's rows of W by bulk copies (cp.async.bulk,
+//                               one a row piece) into a ring of RING stages of
+//                               WARPS x UNROLL steps of K; the WARPS consumer
+//                               warps each take UNROLL steps of every stage,
+//                               and add their sums in shared memory in K order
+//                               at a block's end. The bytes in flight are the
+//                               ring's (RING - 1 stages), not the registers'.
 //   loads        per 32-wide K step a lane loads 16 bytes (8 elements) of one
 //                W row per tile, and 16 bytes of A rows l/4 and l/4 + 8. W
 //                comes in groups of UNROLL steps:
@@ -55,18 +65,62 @@
 //                                  1 for its last; the blocks between are whole
 //
 // Needs K, lda and ldw multiples of 8 elements and 16-byte aligned A and W
-// (the host checks); M <= 16.
+// (the host checks); M <= 16. The bulk spread: a CTA of WARPS + 1 warps.
 #pragma once
 #include "aicg_types.cuh"
 #include "matrix/ampere.cuh"
 #include "matrix/epilogue.cuh"
+#include "matrix/mbarrier.cuh"
 #include "matrix/tiles.cuh"
 
 namespace aicg {
 namespace matrix {
 
-enum Spread { SPREAD_SPLITS = 0, SPREAD_EVEN = 1, SPREAD_WARPS = 2 };
+enum Spread { SPREAD_SPLITS = 0, SPREAD_EVEN = 1, SPREAD_WARPS = 2, SPREAD_BULK = 3 };
 constexpr int GEMV_K_STEP = 32;   // K a warp covers per step (4 lanes x 8 elements): the unit of a share
+
+// One 32-wide K step's MMAs: A's rows r and r + 8 (lo, hi) against TILES vectors of W, a lane's 8
+// consecutive K as the k-slots {2q, 2q+1, 2q+8, 2q+9} of two MMAs (the skeleton's "math").
+template <typename T, int TILES>
+__device__ __forceinline__ void gemv_mma_step(float (&acc)[TILES][4], const uint4& lo, const uint4& hi,
+                                              const uint4 (&wv)[TILES]) {
+  // first MMA: the lane's K offsets 0-3 as k-slots (2q, 2q+1, 2q+8, 2q+9); second: offsets 4-7
+  const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
+  const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+    const unsigned b0[2] = {wv[t].x, wv[t].y};
+    const unsigned b1[2] = {wv[t].z, wv[t].w};
+    Mma16816<T>::mma(acc[t], a0, b0);
+    Mma16816<T>::mma(acc[t], a1, b1);
+  }
+}
+
+// The sums of a column block's K parts, one a warp, added in warp (K) order into warp 0's `acc`:
+// the same bits whichever warp finishes first. `sync` is a barrier of the WARPS warps; `runs` holds
+// WARPS - 1 parts. True in warp 0, which then holds the block's sums.
+template <int WARPS, int TILES, typename Sync>
+__device__ __forceinline__ bool gemv_add_warp_sums(float (&acc)[TILES][4], float4 (*runs)[TILES][32], Sync sync) {
+  if constexpr (WARPS == 1) return true;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp > 0) {
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) runs[warp - 1][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+  }
+  sync();
+  if (warp > 0) return false;
+#pragma unroll
+  for (int w = 0; w < WARPS - 1; ++w)
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+      const float4 run = runs[w][t][lane];
+      acc[t][0] += run.x;
+      acc[t][1] += run.y;
+      acc[t][2] += run.z;
+      acc[t][3] += run.w;
+    }
+  return true;
+}
 
 // The warp's sums over K range [k_begin, k_end) (whole 8-element vectors) of the columns from
 // col0, into `acc` (zeroed here): the loads-in-flight loop both spreads run for a part of a block.
@@ -118,16 +172,7 @@ __device__ __forceinline__ void gemv_accumulate(float (&acc)[TILES][4], const T*
       const bool k_ok = kk + 8 * q < k_end;
       const uint4 lo = (k_ok && a_lo) ? load_shared_input_16(a_lo_row + kk) : zero;
       const uint4 hi = (k_ok && a_hi) ? load_shared_input_16(a_hi_row + kk) : zero;
-      // first MMA: the lane's K offsets 0-3 as k-slots (2q, 2q+1, 2q+8, 2q+9); second: offsets 4-7
-      const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
-      const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
-#pragma unroll
-      for (int t = 0; t < TILES; ++t) {
-        const unsigned b0[2] = {wv[u][t].x, wv[u][t].y};
-        const unsigned b1[2] = {wv[u][t].z, wv[u][t].w};
-        Mma16816<T>::mma(acc[t], a0, b0);
-        Mma16816<T>::mma(acc[t], a1, b1);
-      }
+      gemv_mma_step<T, TILES>(acc, lo, hi, wv[u]);
     }
   };
 
@@ -251,6 +296,112 @@ struct EvenShares {
   }
 };
 
+// The bulk spread's stage: a column block's TILES x 8 rows of W, COLUMNS of K each (WARPS warps x
+// UNROLL steps), a row every PITCH elements: 32 more than a row holds, so that rows r and r + 1
+// start in opposite halves of the banks and a warp's read of 8 rows x 64 bytes takes 4 wavefronts.
+template <int WARPS, int TILES, int UNROLL>
+struct BulkStage {
+  static constexpr int COLUMNS = WARPS * UNROLL * GEMV_K_STEP;
+  static constexpr int PITCH = COLUMNS + 32;
+  static constexpr int ROWS = TILES * 8;
+  static constexpr int BYTES = ROWS * PITCH * 2;
+};
+
+// The bulk spread (the skeleton's SPREAD_BULK): CTA c takes column blocks [c B / P, (c + 1) B / P)
+// of the B blocks for P CTAs, each block's K in chunks of one stage. Warp WARPS produces, warps
+// 0..WARPS-1 consume.
+template <typename T, int WARPS, int TILES, int UNROLL, int RING, typename E>
+__device__ __forceinline__ void gemv_bulk(const E& epilogue, const T* a, int lda, const T* w, int ldw, int m, int n,
+                                          int k) {
+  static_assert(RING >= 2, "a ring of at least two stages: one read while the next lands");
+  using Stage = BulkStage<WARPS, TILES, UNROLL>;
+  extern __shared__ __align__(128) unsigned char bulk_stages[];
+  __shared__ __align__(8) unsigned long long full[RING], empty[RING];
+  __shared__ float4 runs[WARPS > 1 ? WARPS - 1 : 1][TILES][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int blocks = (n + Stage::ROWS - 1) / Stage::ROWS;
+  const int chunks_per_block = (k + Stage::COLUMNS - 1) / Stage::COLUMNS;
+  // (blocks x CTAs fits an int: the host checks)
+  const int first_block = blockIdx.x * blocks / gridDim.x;
+  const int chunks = ((blockIdx.x + 1) * blocks / gridDim.x - first_block) * chunks_per_block;
+  const unsigned stages = shared_address(bulk_stages), full0 = shared_address(full), empty0 = shared_address(empty);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < RING; ++s) {
+      barrier_init(full0 + 8 * s, 1);
+      barrier_init(empty0 + 8 * s, WARPS);
+    }
+    barrier_init_fence();
+  }
+  __syncthreads();
+
+  if (warp == WARPS) {
+    // lane i copies rows i, i + 32, ... of each chunk, once lane 0 has announced the chunk's bytes
+    for (int i = 0; i < chunks; ++i) {
+      const int s = i % RING, row0 = (first_block + i / chunks_per_block) * Stage::ROWS;
+      const int k0 = i % chunks_per_block * Stage::COLUMNS;
+      const int rows = min(Stage::ROWS, n - row0), columns = min(Stage::COLUMNS, k - k0);
+      barrier_wait(empty0 + 8 * s, ((i / RING) & 1) ^ 1);
+      if (lane == 0) barrier_arrive_expect(full0 + 8 * s, rows * columns * 2);
+      __syncwarp();
+      for (int r = lane; r < rows; r += 32)
+        bulk_copy(stages + s * Stage::BYTES + r * Stage::PITCH * 2, w + static_cast<long long>(row0 + r) * ldw + k0,
+                  columns * 2, full0 + 8 * s);
+    }
+    return;
+  }
+
+  const int q = lane % 4, r = lane / 4;
+  const bool a_lo = r < m, a_hi = r + 8 < m;
+  const T* a_lo_row = a + static_cast<long long>(a_lo ? r : 0) * lda + 8 * q;
+  const T* a_hi_row = a + static_cast<long long>(a_hi ? r + 8 : 0) * lda + 8 * q;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  // this lane's vector of tile 0, step 0 of this warp's part of stage 0
+  const unsigned mine = stages + 2 * (r * Stage::PITCH + warp * UNROLL * GEMV_K_STEP + 8 * q);
+  float acc[TILES][4];
+  for (int i = 0; i < chunks; ++i) {
+    const int s = i % RING, chunk = i % chunks_per_block;
+    const int k_warp = chunk * Stage::COLUMNS + warp * UNROLL * GEMV_K_STEP;
+    if (chunk == 0) {
+#pragma unroll
+      for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+    }
+    // A's vectors (from L1: every warp of the CTA reads them) requested before the wait for W;
+    // past K both operands are zero (a stage's columns past K hold stale bytes, NaN's maybe)
+    uint4 lo[UNROLL], hi[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int kk = k_warp + GEMV_K_STEP * u;
+      const bool k_ok = kk + 8 * q < k;
+      lo[u] = (k_ok && a_lo) ? load_shared_input_16(a_lo_row + kk) : zero;
+      hi[u] = (k_ok && a_hi) ? load_shared_input_16(a_hi_row + kk) : zero;
+    }
+    barrier_wait(full0 + 8 * s, (i / RING) & 1);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const bool k_ok = k_warp + GEMV_K_STEP * u + 8 * q < k;
+      uint4 wv[TILES];
+#pragma unroll
+      for (int t = 0; t < TILES; ++t)
+        wv[t] = k_ok ? load_shared_vector(mine + s * Stage::BYTES + 2 * (t * 8 * Stage::PITCH + GEMV_K_STEP * u)) : zero;
+      gemv_mma_step<T, TILES>(acc, lo[u], hi[u], wv);
+    }
+    // the warp's reads of the stage are done (their values are in registers): free it
+    __syncwarp();
+    if (lane == 0) barrier_arrive(empty0 + 8 * s);
+    if (chunk == chunks_per_block - 1) {
+      const int col0 = (first_block + i / chunks_per_block) * Stage::ROWS;
+      // twice: the runs are written only after warp 0 has read the previous block's
+      named_barrier_sync(1, 32 * WARPS);
+      if (gemv_add_warp_sums<WARPS, TILES>(acc, runs, [] { named_barrier_sync(1, 32 * WARPS); })) {
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) store_fragment(epilogue, 0, col0 + t * 8, acc[t]);
+      }
+    }
+  }
+}
+
 template <typename T, int WARPS, int TILES, int UNROLL, int ACT, bool BIAS, bool RESIDUAL, int RING = 0,
           int SPREAD = SPREAD_SPLITS>
 __device__ __forceinline__ void gemv(const T* a, int lda, const T* w, int ldw, T* c, int ldc, const T* bias,
@@ -261,34 +412,16 @@ __device__ __forceinline__ void gemv(const T* a, int lda, const T* w, int ldw, T
   const Epilogue<T, ACT, BIAS, RESIDUAL> epilogue(c, ldc, bias, residual, ldr, m, n);
   float acc[TILES][4];
 
-  if constexpr (SPREAD == SPREAD_WARPS) {
+  if constexpr (SPREAD == SPREAD_BULK) {
+    gemv_bulk<T, WARPS, TILES, UNROLL, RING>(epilogue, a, lda, w, ldw, m, n, k);
+  } else if constexpr (SPREAD == SPREAD_WARPS) {
     const int col0 = blockIdx.x * TILES * 8;
     const int steps = (k + GEMV_K_STEP - 1) / GEMV_K_STEP;
     const int k_begin = warp * steps / WARPS * GEMV_K_STEP;
     const int k_end = min(k, (warp + 1) * steps / WARPS * GEMV_K_STEP);
     gemv_accumulate<T, WARPS, TILES, UNROLL, RING>(acc, a, lda, w, ldw, m, n, col0, k_begin, k_end);
-    if constexpr (WARPS > 1) {
-      // warp w > 0 leaves its sums at runs[w - 1]; warp 0 adds them in K order, so the bits do not
-      // depend on which warp finishes first
-      __shared__ float4 runs[WARPS - 1][TILES][32];
-      const int lane = threadIdx.x % 32;
-      if (warp > 0) {
-#pragma unroll
-        for (int t = 0; t < TILES; ++t) runs[warp - 1][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
-      }
-      __syncthreads();
-      if (warp > 0) return;
-#pragma unroll
-      for (int w = 0; w < WARPS - 1; ++w)
-#pragma unroll
-        for (int t = 0; t < TILES; ++t) {
-          const float4 run = runs[w][t][lane];
-          acc[t][0] += run.x;
-          acc[t][1] += run.y;
-          acc[t][2] += run.z;
-          acc[t][3] += run.w;
-        }
-    }
+    __shared__ float4 runs[WARPS > 1 ? WARPS - 1 : 1][TILES][32];
+    if (!gemv_add_warp_sums<WARPS, TILES>(acc, runs, [] { __syncthreads(); })) return;
 #pragma unroll
     for (int t = 0; t < TILES; ++t) store_fragment(epilogue, 0, col0 + t * 8, acc[t]);
   } else if constexpr (SPREAD == SPREAD_SPLITS) {

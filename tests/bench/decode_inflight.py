@@ -13,7 +13,10 @@ L2 evicted by a read first, the median).
   the weight by bulk copies (cp.async.bulk, sm_90) into a ring of shared-memory stages that the
   other warps read: the bytes in flight set by the ring, not by registers;
 - `bulk_gemv`: the last as a GEMV at M = 1 (a warp a row of a chunk, fp32 sums, the warp's lanes
-  added by shuffles), validated against float64 before it is timed.
+  added by shuffles), validated against float64 before it is timed;
+- `realisation`: gemv.cuh's realisations at M = 1 and 16 (the warps and split-K spreads the matmul
+  profile builds, and the bulk spread's tried settings), each validated against float64 by the
+  matrix validator in an isolated worker before it is timed.
 
 Sizes: K = 4096 and N = 1024, 4096, 6144, 28672 (8.4 to 235 MB of bf16 weight)."""
 from __future__ import annotations
@@ -31,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from aicg import nvrtc  # noqa: E402
 from aicg.dtypes import DTYPES  # noqa: E402
-from aicg.matrix import timing  # noqa: E402
+from aicg.matrix import build, space, timing, worker  # noqa: E402
+from aicg.matrix.problem import Problem  # noqa: E402
 from aicg.runtime import driver  # noqa: E402
 from decode_floor import median_us  # noqa: E402
 
@@ -227,6 +231,32 @@ BULK_GEMV = (("bulk_gemv_4_4_32", 4, 4, 32), ("bulk_gemv_4_6_32", 4, 6, 32), ("b
              ("bulk_gemv_4_3_64", 4, 3, 64))
 
 
+REALISATIONS = (dict(warps=4, tiles=1, unroll=8, ring=0, spread="warps"),
+                dict(warps=4, tiles=2, unroll=8, ring=0, spread="splits"),
+                *(dict(t, spread="bulk") for t in (dict(warps=4, tiles=1, unroll=8, ring=8),
+                                                   dict(warps=8, tiles=1, unroll=4, ring=8),
+                                                   dict(warps=4, tiles=2, unroll=4, ring=8),
+                                                   dict(warps=4, tiles=4, unroll=2, ring=8))))
+
+
+def realisations(out: dict, compute_capability: tuple[int, int]) -> None:
+    runner = worker.Runner()
+    for knobs in REALISATIONS:
+        real = space.realisation("gemv", "bfloat16", "k", "k", **knobs)
+        built = build.compile_realisation(real, build.arch_for(real, compute_capability))
+        for n in NS:
+            for m in (1, 16):
+                r = runner.run(real, built.cubin, Problem(m, n, K, "bfloat16", "k", "k"), validate=True,
+                               repetitions=30)
+                rec = {"kind": "realisation", "kernel": real.name, "m": m, "n": n, "bytes": n * K * 2,
+                       "registers": built.report.get("registers"), "grid": r.get("geometry", {}).get("grid"),
+                       "validation": r.get("validation", {}).get("status"),
+                       "fault": r.get("fault") or r.get("error"),
+                       "us": r.get("timing", {}).get("median_seconds", 0) * 1e6}
+                out["runs"].append(rec)
+                print(rec, flush=True)
+
+
 def compile_source(compute_capability: tuple[int, int]) -> bytes:
     major, minor = compute_capability
     cubin, _, _ = nvrtc.compile_cubin(SOURCE, "decode_inflight.cu", {}, f"sm_{major}{minor}")
@@ -303,6 +333,7 @@ def main(argv=None) -> None:
         flush = timing.L2Flush("read")
         empty = driver.Kernel(cubin, "read_grid_2")
         out["empty_us"] = median_us(lambda: empty.launch(1, 32, [(0, "ptr"), (0, "i64"), (0, "ptr")]), flush, 50)
+        realisations(out, info.compute_capability)
         run(out, cubin, info.sm_count, flush)
     finally:
         Path(args.json).write_text(json.dumps(out, indent=1))

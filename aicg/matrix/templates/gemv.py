@@ -1,6 +1,7 @@
 """Rules of kernels/matrix/gemv.cuh: the decode GEMM (M <= 16), its work spread over the GPU by
-split-K (spread "splits"), in equal shares of (column block, K step) units (spread "even"), or among a
-CTA's warps (spread "warps")."""
+split-K (spread "splits"), in equal shares of (column block, K step) units (spread "even"), among a
+CTA's warps (spread "warps"), or in runs of column blocks a CTA streamed by bulk copies through a
+ring of shared-memory stages (spread "bulk", sm_90)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +17,10 @@ from .base import (ACTIVATION_CONSTANTS, CTYPES, Geometry, GpuLimits, TemplateRu
 MAX_M = 16                    # the rows of one m16n8k16 fragment
 K_STEP = 32                   # K a warp covers per step (4 lanes x 8 elements): gemv.cuh's GEMV_K_STEP
 SPREAD_CONSTANTS = {"splits": "aicg::matrix::SPREAD_SPLITS", "even": "aicg::matrix::SPREAD_EVEN",
-                    "warps": "aicg::matrix::SPREAD_WARPS"}
+                    "warps": "aicg::matrix::SPREAD_WARPS", "bulk": "aicg::matrix::SPREAD_BULK"}
+BULK_COMPUTE_CAPABILITY = (9, 0)   # cp.async.bulk and mbarrier transaction counts
+BULK_ROW_PAD = 32             # elements a stage's row holds past its K: gemv.cuh's BulkStage PITCH
+BULK_BARRIER_BYTES = 16       # a stage's two mbarriers
 EVEN_SLOTS = 2                # partial segments a CTA of the even spread may publish: its first and last block
 INT_LIMIT = 2 ** 31           # the kernel cuts shares in int arithmetic
 MIN_SPLIT_STEPS = 8           # a split covers at least this many steps: the reduction stays a small share
@@ -25,13 +29,15 @@ REGISTERS_PER_SM = 65536
 SHARED_BYTES_PER_SM = 228 * 1024   # Hopper's and Ampere's (A100) largest carve-out
 ADDRESSING_REGISTERS = 40     # pointers, indices, predicates beside the loaded vectors (ptxas: 48-102 in all)
 WALK_REGISTERS = 8            # the even spread's segment walk besides (ptxas: up to 4 more than 40 + 8 held)
+BULK_ADDRESSING_REGISTERS = 48   # the bulk spread's: stage and barrier addresses, the run's bounds (ptxas: 72-109 in all)
 
 
 class GemvRules(TemplateRules):
     name = "gemv"
 
     def threads(self, real: Realisation) -> int:
-        return 32 * real.knob("warps")
+        """The warps; the bulk spread's producer warp besides."""
+        return 32 * (real.knob("warps") + (real.knob("spread") == "bulk"))
 
     def min_blocks(self, real: Realisation) -> int | None:
         """For the even spread with a ring, the CTAs the ring's shared memory lets an SM hold: told
@@ -44,14 +50,24 @@ class GemvRules(TemplateRules):
         return max(1, SHARED_BYTES_PER_SM // self.dynamic_shared_bytes(real))
 
     def dynamic_shared_bytes(self, real: Realisation) -> int:
-        """The warps' cp.async rings (ring > 0): ring groups of unroll x tiles 16-byte vectors a lane."""
+        """The warps' cp.async rings (ring > 0): ring groups of unroll x tiles 16-byte vectors a lane;
+        the bulk spread's ring of `ring` stages."""
         k = real.settings
+        if k["spread"] == "bulk":
+            return k["ring"] * self.bulk_stage_bytes(real)
         return k["warps"] * k["ring"] * k["unroll"] * k["tiles"] * 32 * 16
 
-    def runs_shared_bytes(self, real: Realisation) -> int:
-        """The warps spread's sums of every warp but the first, 4 floats a lane and tile, in static
-        shared memory."""
+    def bulk_stage_bytes(self, real: Realisation) -> int:
+        """A bulk stage: tiles x 8 rows of W, warps x unroll steps of K each, rows padded (BulkStage)."""
         k = real.settings
+        return k["tiles"] * 8 * (k["warps"] * k["unroll"] * K_STEP + BULK_ROW_PAD) * 2
+
+    def runs_shared_bytes(self, real: Realisation) -> int:
+        """The warps and bulk spreads' sums of every warp but the first, 4 floats a lane and tile, in
+        static shared memory (and the bulk ring's barriers)."""
+        k = real.settings
+        if k["spread"] == "bulk":
+            return max(1, k["warps"] - 1) * k["tiles"] * 32 * 16 + k["ring"] * BULK_BARRIER_BYTES
         return (k["warps"] - 1) * k["tiles"] * 32 * 16 if k["spread"] == "warps" else 0
 
     def block_shared_bytes(self, real: Realisation) -> int:
@@ -67,6 +83,8 @@ class GemvRules(TemplateRules):
         the accumulators, addressing, and the even spread's walk. ptxas used fewer on every setting
         compiled (tiles 4, unroll 4: 192 estimated, 134 used)."""
         k = real.settings
+        if k["spread"] == "bulk":   # a chunk's A vectors held across the wait, one step of W
+            return 2 * 4 * k["unroll"] + 4 * k["tiles"] + self.accumulators(real) + BULK_ADDRESSING_REGISTERS
         copies = 1 if k["ring"] else 2
         walk = WALK_REGISTERS if k["spread"] == "even" else 0
         return copies * 4 * k["tiles"] * k["unroll"] + 8 + self.accumulators(real) + ADDRESSING_REGISTERS + walk
@@ -75,6 +93,11 @@ class GemvRules(TemplateRules):
         found = []
         if tuple(limits.compute_capability) < (8, 0):
             found.append(f"mma.sync with 16-bit operands needs compute capability 8.0, not {limits.compute_capability}")
+        if real.knob("spread") == "bulk":
+            if tuple(limits.compute_capability) < BULK_COMPUTE_CAPABILITY:
+                found.append(f"the bulk spread's copies need compute capability 9.0, not {limits.compute_capability}")
+            if real.knob("ring") < 2:
+                found.append(f"ring = {real.knob('ring')}: the bulk spread reads one stage while the next lands")
         if self.registers_estimate(real) > limits.registers_per_thread:
             found.append(f"about {self.registers_estimate(real)} registers a thread "
                          f"(at most {limits.registers_per_thread})")
@@ -113,15 +136,18 @@ class GemvRules(TemplateRules):
             return f"m = {problem.m}: the decode kernel takes at most {MAX_M} rows"
         if problem.k % 8:
             return f"k = {problem.k} is not a multiple of 8 (whole 16-byte vectors)"
-        units = -(-problem.n // self.columns_per_block(real)) * -(-problem.k // K_STEP)
+        blocks = -(-problem.n // self.columns_per_block(real))
+        units = blocks * -(-problem.k // K_STEP)
         if real.knob("spread") == "even" and units >= INT_LIMIT:
             return f"{units} units of work: the even spread counts them in a 32-bit int"
+        if real.knob("spread") == "bulk" and blocks * blocks >= INT_LIMIT:
+            return f"{blocks} column blocks: the bulk spread cuts them among CTAs in a 32-bit int"
         return aligned_leading_dimensions(problem)
 
     def columns_per_block(self, real: Realisation) -> int:
         """Output columns a column block holds: a warp's (tiles x 8) in the warps spread, whose warps
         share their block's columns, else every warp's."""
-        if real.knob("spread") == "warps":
+        if real.knob("spread") in ("warps", "bulk"):
             return real.knob("tiles") * 8
         return real.knob("warps") * real.knob("tiles") * 8
 
@@ -159,10 +185,13 @@ class GemvRules(TemplateRules):
     def geometry(self, real: Realisation, problem: Problem, sm_count: int, resident_clusters: int | None,
                  blocks_per_sm: int | None = None) -> Geometry:
         threads, shared = (self.threads(real), 1, 1), self.dynamic_shared_bytes(real)
-        if real.knob("spread") == "warps":
-            # a block's K sum in as many parts as warps hold steps of it, added in the CTA
+        if real.knob("spread") in ("warps", "bulk"):
+            # a block's K sum in as many parts as warps hold steps of it, added in the CTA; the warps
+            # spread a CTA a block, the bulk spread a run of whole blocks, at most one wave of CTAs
             blocks, steps = -(-problem.n // self.columns_per_block(real)), -(-problem.k // K_STEP)
-            return Geometry((blocks, 1, 1), threads, 1, shared, 0, 0, min(real.knob("warps"), steps))
+            ctas = min(blocks, self.resident_ctas(real, sm_count, blocks_per_sm)) \
+                if real.knob("spread") == "bulk" else blocks
+            return Geometry((ctas, 1, 1), threads, 1, shared, 0, 0, min(real.knob("warps"), steps))
         if real.knob("spread") == "even":
             shares = self.even_shares(real, problem, sm_count, blocks_per_sm)
             if shares.most_parts == 1:       # every block one CTA's whole: no partial sums, no tickets
