@@ -16,7 +16,9 @@ recorded them, else taken from the options.
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -102,7 +104,9 @@ def collect(runs: list[tuple[str, dict]]) -> tuple[dict, list[dict], dict[str, i
                 m, n, k = key[1]
                 best[key] = {"realisation": real.as_dict(), "m": m, "n": n, "k": k,
                              "seconds": timing["median_seconds"]}
-    dates = sorted({Path(name).name[:10] for name, _ in runs})
+    # a run's date is its file name's prefix; one named without a date (a device call's own run) is today's
+    dates = sorted({m[0] if (m := re.match(r"\d{4}-\d\d-\d\d", Path(name).name))
+                    else datetime.date.today().isoformat() for name, _ in runs})
     provenance = {"date": dates[-1], "device": device, "arch": arch,
                   "repetitions": min(repetitions) if repetitions else 0,
                   "method": "tests/bench/matmul_bench.py: " + "; ".join(sorted(methods)) +
