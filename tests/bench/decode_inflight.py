@@ -16,7 +16,8 @@ L2 evicted by a read first, the median).
   added by shuffles), validated against float64 before it is timed;
 - `realisation`: gemv.cuh's realisations at M = 1 and 16 (the warps and split-K spreads the matmul
   profile builds, and the bulk spread's tried settings), each validated against float64 by the
-  matrix validator in an isolated worker before it is timed.
+  matrix validator in an isolated worker before it is timed; also written as matmul_bench's grid
+  cases (`cases`, with `device` and `arch`), so tests/bench/matmul_profile.py takes them.
 
 Sizes: K = 4096 and N = 1024, 4096, 6144, 28672 (8.4 to 235 MB of bf16 weight)."""
 from __future__ import annotations
@@ -255,6 +256,9 @@ def realisations(out: dict, compute_capability: tuple[int, int]) -> None:
                        "us": r.get("timing", {}).get("median_seconds", 0) * 1e6}
                 out["runs"].append(rec)
                 print(rec, flush=True)
+                # as matmul_bench writes a grid case, so that matmul_profile.py takes the times into the profile
+                out["cases"].append({"stage": "grid", "realisation": real.name, "problem": r.get("problem"),
+                                     "validation": {"status": rec["validation"]}, **({"timing": r["timing"]} if "timing" in r else {})})
 
 
 def compile_source(compute_capability: tuple[int, int]) -> bytes:
@@ -325,8 +329,10 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     driver.use_primary_context()
     info = driver.probe_device()
-    out = {"device": info.name, "k": K, "method": "CUDA events around the launch, the L2 evicted by a read, median",
-           "runs": []}
+    gemv = space.realisation("gemv", "bfloat16", "k", "k", **REALISATIONS[0])
+    out = {"device": {"name": info.name, "compute_capability": list(info.compute_capability), "sm_count": info.sm_count},
+           "arch": build.arch_for(gemv, info.compute_capability), "k": K,
+           "method": "CUDA events around the launch, the L2 evicted by a read, median", "runs": [], "cases": []}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     try:
         cubin = compile_source(info.compute_capability)
