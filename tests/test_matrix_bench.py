@@ -107,7 +107,8 @@ def test_the_grid_times_at_each_shape_what_the_calibrated_prior_ranks_first_ther
     few_tiles = made.shape_candidates(Problem(128, 4096, 4096), tops, predicted)
     assert few_tiles[0] == tops[0] and len(few_tiles) <= 1 + 2 * (made.args.grid_ranked + 1)   # two pools
     wide_decode = made.shape_candidates(Problem(1, 28672, 4096), tops, predicted)
-    assert 1 <= [r.template for r in wide_decode].count("gemv") <= 2   # the decode kernel's first of each pool
+    # the decode kernel's first of each pool (and those the prior ranks among the firsts), not every one
+    assert 1 <= [r.template for r in wide_decode].count("gemv") < len(made.candidates("gemv", "k", "k"))
     assert any(r.template == "wgmma" and r.knob("split_k") > 1 for r in few_tiles)   # 16 tiles of 128 x 256
     decode = made.shape_candidates(Problem(1, 4096, 4096), tops, predicted)
     assert any(r.template == "gemv" for r in decode)
