@@ -2,6 +2,7 @@
 plan it changes, and the bench runs it is written from."""
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import sys
@@ -255,6 +256,9 @@ def test_bench_runs_become_records_of_validated_times_only(tmp_path):
     assert records == [record(fast, (4096, 4096, 4096), 1.8e-4)]
     assert left_out == {"not validated": 1, "not in the space": 1}
     assert provenance["date"] == "2026-12-06" and provenance["device"] == "a GPU"
+    # a device call's own run, named without a date, was made today
+    undated, _, _ = matmul_profile.collect([("2026-12-05-a.json", first), ("out/matmul.json", second)])
+    assert undated["date"] == datetime.date.today().isoformat()
     out = tmp_path / "gpu.matrix.json"
     for name, data in (("2026-12-05-a.json", first), ("2026-12-06-b.json", second)):
         (tmp_path / name).write_text(json.dumps(data))
