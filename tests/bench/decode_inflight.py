@@ -44,7 +44,8 @@ BF16 = DTYPES["bfloat16"]
 
 K = 4096
 NS = (1024, 4096, 6144, 28672)
-SOURCE = r"""
+SOURCE = r"""#include "matrix/mbarrier.cuh"
+#include "matrix/tiles.cuh"
 __device__ __forceinline__ uint4 ld16(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -100,28 +101,8 @@ extern "C" __global__ void read_rows_4_8(const unsigned short* w, int k, unsigne
 extern "C" __global__ void read_rows_4_16(const unsigned short* w, int k, unsigned* s) { read_rows<4, 16>(w, k, s); }
 extern "C" __global__ void read_rows_8_8(const unsigned short* w, int k, unsigned* s) { read_rows<8, 8>(w, k, s); }
 
-// ---- the bulk-copy ring
-__device__ __forceinline__ unsigned smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void bar_init(unsigned b, unsigned n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(b), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_expect(unsigned b, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(unsigned b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(b) : "memory");
-}
-__device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(b), "r"(parity) : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned b) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :: "r"(dst), "l"(src), "r"(bytes), "r"(b) : "memory");
-}
+// ---- the bulk-copy ring (mbarrier.cuh's barriers and bulk copy, as gemv.cuh's bulk spread uses them)
+using namespace aicg::matrix;
 
 // The CTA's share of `chunks` chunks: [cta chunks / ctas, (cta + 1) chunks / ctas). The producer
 // (the last warp's lane 0) keeps STAGES chunks in flight; the WARPS consumer warps each take a
@@ -133,30 +114,30 @@ __device__ __forceinline__ void bulk_ring(const char* src, long long chunks, Pro
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long long first = blockIdx.x * chunks / gridDim.x, last = (blockIdx.x + 1) * chunks / gridDim.x;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) { bar_init(smem(&full[s]), 1); bar_init(smem(&empty[s]), WARPS); }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < STAGES; ++s) { barrier_init(shared_address(&full[s]), 1); barrier_init(shared_address(&empty[s]), WARPS); }
+    barrier_init_fence();
   }
   __syncthreads();
   if (warp == WARPS) {
     if (lane == 0) {
       for (long long c = first; c < last; ++c) {
         const int i = (int)(c - first), s = i % STAGES;
-        bar_wait(smem(&empty[s]), ((i / STAGES) & 1) ^ 1);
-        bar_expect(smem(&full[s]), CHUNK);
-        bulk_copy(smem(ring + s * CHUNK), src + c * CHUNK, CHUNK, smem(&full[s]));
+        barrier_wait(shared_address(&empty[s]), ((i / STAGES) & 1) ^ 1);
+        barrier_arrive_expect(shared_address(&full[s]), CHUNK);
+        bulk_copy(shared_address(ring + s * CHUNK), src + c * CHUNK, CHUNK, shared_address(&full[s]));
       }
     }
     return;
   }
   // the consumers' own set-up (x into shared memory) while the first chunks are in flight
   prologue();
-  asm volatile("bar.sync 1, %0;" :: "r"(32 * WARPS) : "memory");
+  named_barrier_sync(1, 32 * WARPS);
   for (long long c = first; c < last; ++c) {
     const int i = (int)(c - first), s = i % STAGES;
-    bar_wait(smem(&full[s]), (i / STAGES) & 1);
+    barrier_wait(shared_address(&full[s]), (i / STAGES) & 1);
     consume(ring + s * CHUNK, c);
     __syncwarp();
-    if (lane == 0) bar_arrive(smem(&empty[s]));
+    if (lane == 0) barrier_arrive(shared_address(&empty[s]));
   }
 }
 
@@ -263,7 +244,9 @@ def realisations(out: dict, compute_capability: tuple[int, int]) -> None:
 
 def compile_source(compute_capability: tuple[int, int]) -> bytes:
     major, minor = compute_capability
-    cubin, _, _ = nvrtc.compile_cubin(SOURCE, "decode_inflight.cu", {}, f"sm_{major}{minor}")
+    headers = {**nvrtc.include_closure("matrix/mbarrier.cuh", ROOT / "kernels"),
+               **nvrtc.include_closure("matrix/tiles.cuh", ROOT / "kernels")}
+    cubin, _, _ = nvrtc.compile_cubin(SOURCE, "decode_inflight.cu", headers, f"sm_{major}{minor}")
     return cubin
 
 
