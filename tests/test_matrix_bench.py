@@ -157,3 +157,13 @@ def test_decode_floor_variants_still_find_the_lines_they_replace(bench_module, r
         floor.variant_header(text, "nomath")
     with pytest.raises(ValueError):
         floor.variant_header(text.replace(floor.REDUCE_START, ""), "noreduce")
+
+
+def test_decode_inflight_compiles_its_reads_on_the_matrix_headers(bench_module):
+    """tests/bench/decode_inflight.py's kernels (its bulk ring on mbarrier.cuh) compile for sm_90 on
+    a machine without a GPU, each kernel the run launches by name present."""
+    inflight = bench_module("decode_inflight")
+    cubin = inflight.compile_source((9, 0))
+    names = [f"read_grid_{loads}" for _, _, loads in inflight.READ_GRID] + \
+        [name for name, _ in inflight.READ_ROWS] + [t[0] for t in inflight.READ_BULK + inflight.BULK_GEMV]
+    assert all(name.encode() in cubin for name in names)

@@ -32,6 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # decode_floor, beside it, when loaded as a module
 
 from aicg import nvrtc  # noqa: E402
 from aicg.dtypes import DTYPES  # noqa: E402
