@@ -2,6 +2,7 @@
 a record, budgets and resumption; the runner and compiler stand in for the GPU node's."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,7 +10,8 @@ import pytest
 
 from aicg import hw
 from aicg.errors import InputError
-from aicg.matrix import calibration, lab
+from aicg.matrix import calibration, lab, space
+from aicg.matrix.problem import Problem
 from aicg.matrix.space import Epilogue
 from aicg.matrix.templates import RULES, GpuLimits
 from aicg.tasks import probe_tasks
@@ -132,7 +134,15 @@ def test_a_profile_the_lab_wrote_calibrates_the_plan(tmp_path):
     lab.measure(node(), path, KERNELS, None, Runner(), say=lambda line: None, compiler=compiler, lab=SMALL)
     values = prior.values(prior.inputs(hw.load_target(REPO / "hwdb", "h100-sxm")))
     fit = calibration.Calibration(calibration.load(path), lambda r, p: prior.predict_seconds(r, p, values))
-    assert min(fit.spread.values()) >= 0
+    assert set(fit.spread) == {"plain", "fused"} and all(math.isfinite(v) and v >= 0 for v in fit.spread.values())
+    # what the lab measured is what the calibrated prior now says of it, near enough to rank by
+    profile = calibration.load(path)
+    assert profile.records
+    for r in profile.records:
+        real = space.Realisation.from_dict(r["realisation"])
+        problem = Problem(r["m"], r["n"], r["k"], real.dtype, real.a_major, real.b_major, real.epilogue)
+        predicted = fit.seconds(real, problem, prior.predict_seconds(real, problem, values))
+        assert abs(math.log(predicted / r["seconds"])) < math.log(1.5), (real.name, predicted, r["seconds"])
 
 
 def test_doit_primitives_family_must_be_rows_matrix_or_all(tmp_path):

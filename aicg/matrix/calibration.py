@@ -283,7 +283,7 @@ class Calibration:
         if key not in self._cache:
             fit = self._fits.get(real.template)
             fitted = fit(real, shape) if fit is not None else None
-            found, vouched = (self._overall, 0.0) if fitted is None else (fitted, 0.0)
+            found, vouched = self._overall if fitted is None else fitted, 0.0
             own = self._residuals.get(real)
             if fitted is not None and own:
                 weights = [shape_weight(shape, s) for s, _ in own]

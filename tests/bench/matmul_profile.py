@@ -4,7 +4,8 @@
         [--driver VERSION] [--clocks TEXT]
 
 Runs that are not matmul_bench runs, or that evicted the L2 by a write (--flush write), are left out
-and named: a glob of docs/bench/ serves.
+and named: a glob of docs/bench/ serves. tests/bench/decode_inflight.py writes its realisation runs
+in the same form (their cases, device and arch), so its runs count as bench runs.
 
 Each case a run timed (the square, fused and grid stages) and validated against float64 in the
 same run becomes a record: the realisation, M, N, K and the median seconds; the fastest median
@@ -62,8 +63,8 @@ def _shape(problem: str) -> tuple[int, int, int]:
 
 
 def usable(runs: list[tuple[str, dict]]) -> tuple[list[tuple[str, dict]], list[str]]:
-    """(the runs a profile takes, why each other was left out): matmul_bench runs only (a diagnostic
-    file records no arch), and only those that evicted the L2 by a read, the method every other run
+    """(the runs a profile takes, why each other was left out): runs in matmul_bench's form only (a
+    diagnostic file records no arch), and only those that evicted the L2 by a read, the method every other run
     and the build's own timings use (a write flush leaves dirty lines for the kernel to write back)."""
     taken, left = [], []
     for name, data in runs:
