@@ -33,9 +33,10 @@ PREDICATES = {
     "fused": lambda epilogue: epilogue.name != "plain",
     "evaluated": lambda activation: activation != "none",
     "hands_off": lambda store: store == "handoff",
+    "streams": lambda tail: tail == "stream",
 }
 CALL_PARAMS = {EPILOGUE: ("fused",), ACTIVATION: ("evaluated",)}
-KNOB_PREDICATES = ("true", "above_one", "hands_off")
+KNOB_PREDICATES = ("true", "above_one", "hands_off", "streams")
 
 
 @dataclass(frozen=True)

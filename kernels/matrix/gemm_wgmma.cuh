@@ -11,7 +11,10 @@
 //                                GROUP), each cut along K into SPLIT_K units
 //                                (split_k.cuh: a fixed-order reduction)
 //   persistent CTAs              grid = the CTAs the GPU holds at once; each
-//                                walks units u, u + grid, ...
+//                                walks units u, u + grid, ...; with TAIL_STREAM
+//                                the last round or two of tiles are one stream
+//                                of K slices cut into a run a CTA, a tile cut
+//                                by a run's end added up as split-K's are
 //   producer warpgroup           warpgroup 0 gives registers back, one thread
 //                                issues the TMA copies slot after slot, unit
 //                                after unit
@@ -204,15 +207,43 @@ struct RingPosition {
   }
 };
 
-// The launch's units: output tiles (for clusters, runs of CLUSTER_M
-// vertically or CLUSTER_N horizontally adjacent tiles) in grouped order, each
-// cut into `splits` consecutive K ranges of whole 64-wide slices. The host
-// computes the same numbers (aicg/matrix/templates/wgmma.py: Work).
-template <int BM, int BN, int CLUSTER_M, int RASTER, int GROUP, int SPLIT_K, int CLUSTER_N = 1>
-struct WgmmaWork {
-  int pair_rows, pair_cols, tiles_n, k_blocks, splits, per_split, total;
+// A unit of work: a tile (this CTA's of its cluster) and a run [kb0, kb1) of
+// its 64-wide K slices, part `part` of the tile's `parts` (1: the whole K).
+// Where the parts of a split tile publish their sums: WgmmaWork::partial.
+struct WgmmaUnit {
+  int tm, tn, kb0, kb1, part, parts;
+  int first_run = 0;           // TAIL_STREAM: the CTA (cluster) whose run holds the tile's first slice,
+  int first_run_slot = 0;      // and whether that run starts before the tile (1) or at its start (0)
+};
 
-  __device__ __forceinline__ WgmmaWork(int m, int n, int k) {
+// The launch's units: output tiles (for clusters, runs of CLUSTER_M
+// vertically or CLUSTER_N horizontally adjacent tiles) in grouped order. The
+// host computes the same numbers (aicg/matrix/templates/wgmma.py: Work).
+//   TAIL_WHOLE   each tile cut into `splits` consecutive K ranges of whole
+//                slices (SPLIT_K; 1: uncut), the units dealt to the CTAs in
+//                turn: CTA c takes units c, c + G, c + 2 G, ... (G clusters)
+//   TAIL_STREAM  whole tiles dealt the same way for all but the last one or
+//                two rounds; the tiles left over (between G and 2 G - 1 of
+//                them, or all where there are fewer than G) are one stream of
+//                K slices, tile after tile, cut into G equal runs, one a CTA:
+//                no CTA idles while others finish a last round. A tile that
+//                runs cut by the stream is split into the parts the runs make
+//                (2 at most where the stream is a round or more).
+// CTA c's units are numbered i = 0, 1, ...: `unit(i, ...)` is false past its last.
+enum Tail { TAIL_WHOLE = 0, TAIL_STREAM = 1 };
+
+template <int BM, int BN, int CLUSTER_M, int RASTER, int GROUP, int SPLIT_K, int CLUSTER_N = 1, int TAIL = TAIL_WHOLE>
+struct WgmmaWork {
+  static_assert(TAIL == TAIL_WHOLE || SPLIT_K == 1, "a stream cuts K itself");
+  int pair_rows, pair_cols, tiles_n, k_blocks, splits, per_split, total;
+  int clusters;                        // G: the CTAs (clusters) walking the units
+  int whole_tiles;                     // TAIL_STREAM: tiles dealt whole; the rest are the stream
+  // the CTAs the stream is cut over (fewer than G where it is shorter), and its K slices: 32-bit
+  // arithmetic (a 64-bit division is a call, whose saved registers would spill the accumulators),
+  // which holds while stream_ctas x stream_slices < 2^32 (the host checks: templates/wgmma.py)
+  unsigned stream_ctas, stream_slices;
+
+  __device__ __forceinline__ WgmmaWork(int m, int n, int k, int clusters_) : clusters(clusters_) {
     const int tiles_m = (m + BM - 1) / BM;
     pair_rows = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;   // a cluster takes CLUSTER_M tiles down M
     pair_cols = ((n + BN - 1) / BN + CLUSTER_N - 1) / CLUSTER_N;   // or CLUSTER_N across N
@@ -222,29 +253,106 @@ struct WgmmaWork {
     per_split = (k_blocks + min(SPLIT_K, k_blocks) - 1) / min(SPLIT_K, k_blocks);
     splits = (k_blocks + per_split - 1) / per_split;
     total = pair_rows * pair_cols * splits;
+    if constexpr (TAIL == TAIL_STREAM) {
+      const int rounds = total / clusters;
+      whole_tiles = total % clusters == 0 ? total : max(0, rounds - 1) * clusters;
+      stream_slices = static_cast<unsigned>(total - whole_tiles) * k_blocks;
+      stream_ctas = min(static_cast<unsigned>(clusters), stream_slices);
+    }
   }
 
-  // Unit u: the tile (already this CTA's of its cluster), its split, and
-  // that split's K slices [kb0, kb1).
-  __device__ __forceinline__ void unit(int u, unsigned rank, int& tm, int& tn, int& split, int& kb0, int& kb1) const {
-    const int t = u / splits;
-    split = u - t * splits;
-    tile_of<RASTER, GROUP>(t, pair_rows, pair_cols, tm, tn);
-    tm = tm * CLUSTER_M + (CLUSTER_M > 1 ? rank : 0);
-    tn = tn * CLUSTER_N + (CLUSTER_N > 1 ? rank : 0);
-    kb0 = split * per_split;
-    kb1 = min(k_blocks, kb0 + per_split);
+  // The first slice of CTA c's run of the stream (c = stream_ctas: the stream's end).
+  __device__ __forceinline__ unsigned run_start(unsigned c) const { return c * stream_slices / stream_ctas; }
+
+  // The CTA whose run holds slice s of the stream.
+  __device__ __forceinline__ int run_of(unsigned s) const {
+    return static_cast<int>(((s + 1) * stream_ctas + stream_slices - 1) / stream_slices) - 1;
+  }
+
+  // Tile t (in grouped order) as this CTA's of its cluster.
+  __device__ __forceinline__ void place(int t, unsigned rank, WgmmaUnit& w) const {
+    tile_of<RASTER, GROUP>(t, pair_rows, pair_cols, w.tm, w.tn);
+    w.tm = w.tm * CLUSTER_M + (CLUSTER_M > 1 ? rank : 0);
+    w.tn = w.tn * CLUSTER_N + (CLUSTER_N > 1 ? rank : 0);
+  }
+
+  // CTA (cluster) c's unit i, if it has one.
+  __device__ __forceinline__ bool unit(int i, int c, unsigned rank, WgmmaUnit& w) const {
+    if constexpr (TAIL == TAIL_WHOLE) {
+      const int u = c + i * clusters;
+      if (u >= total) return false;
+      const int t = u / splits;
+      w.part = u - t * splits;
+      w.parts = splits;
+      place(t, rank, w);
+      w.kb0 = w.part * per_split;
+      w.kb1 = min(k_blocks, w.kb0 + per_split);
+      return true;
+    } else {
+      const int whole = whole_tiles / clusters;   // this CTA's whole tiles (the same for every CTA)
+      if (i < whole) {
+        w.part = 0;
+        w.parts = 1;
+        place(c + i * clusters, rank, w);
+        w.kb0 = 0;
+        w.kb1 = k_blocks;
+        return true;
+      }
+      if (static_cast<unsigned>(c) >= stream_ctas) return false;
+      // its run's (i - whole)-th piece: the run cut where tiles end
+      const unsigned begin = run_start(c), end = run_start(c + 1), kbs = k_blocks;
+      const unsigned s = i == whole ? begin : (begin / kbs + (i - whole)) * kbs;
+      if (s >= end) return false;
+      const unsigned tile = s / kbs, t0 = tile * kbs;
+      place(whole_tiles + static_cast<int>(tile), rank, w);
+      w.kb0 = static_cast<int>(s - t0);
+      w.kb1 = static_cast<int>(min(end, t0 + kbs) - t0);
+      w.first_run = w.kb0 == 0 ? c : run_of(t0);
+      w.first_run_slot = run_start(w.first_run) == t0 ? 0 : 1;
+      w.parts = run_of(t0 + kbs - 1) - w.first_run + 1;
+      w.part = c - w.first_run;
+      return true;
+    }
+  }
+
+  // Where the parts of the unit's tile lie in the workspace, in parts:
+  // TAIL_WHOLE  [tile][split]
+  // TAIL_STREAM [CTA][2]: a run publishes at most its first and its last piece (the pieces
+  //             between are whole tiles); a piece is its run's first where the run starts in it,
+  //             which every part but the tile's first is.
+  __device__ __forceinline__ PartPlaces places(const WgmmaUnit& w, unsigned rank) const {
+    if constexpr (TAIL == TAIL_WHOLE) {
+      const int zero = (w.tm * tiles_n + w.tn) * splits;
+      return {zero, zero, 1};
+    } else {
+      constexpr int CTAS = CLUSTER_M * CLUSTER_N;
+      const int first_cta = w.first_run * CTAS + rank;
+      return {first_cta * 2 + w.first_run_slot, first_cta * 2, 2 * CTAS};
+    }
+  }
+
+  // Whether CTA (cluster) c has a unit i.
+  __device__ __forceinline__ bool has(int i, int c) const {
+    if constexpr (TAIL == TAIL_WHOLE) {
+      return c + i * clusters < total;
+    } else {
+      const int whole = whole_tiles / clusters;
+      if (i < whole) return true;
+      if (static_cast<unsigned>(c) >= stream_ctas) return false;
+      const unsigned kbs = k_blocks;
+      return i == whole || (run_start(c) / kbs + (i - whole)) * kbs < run_start(c + 1);
+    }
   }
 };
 
 template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR, int RASTER, int GROUP,
           int ACT, bool BIAS, bool RESIDUAL, int SCHEDULE = SCHEDULE_COOPERATIVE, int STORE = STORE_DIRECT,
-          int SPLIT_K = 1, int CLUSTER_N = 1>
+          int SPLIT_K = 1, int CLUSTER_N = 1, int TAIL = TAIL_WHOLE>
 __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const TmaDescriptor* b_map, T* c, int ldc,
                                            const T* bias, const T* residual, int ldr, int m, int n, int k,
                                            float* workspace, unsigned* tickets) {
   using Tile = WgmmaTile<T, BM, BN, STAGES, CLUSTER_M, A_MAJOR, B_MAJOR, SCHEDULE, CLUSTER_N>;
-  using Work = WgmmaWork<BM, BN, CLUSTER_M, RASTER, GROUP, SPLIT_K, CLUSTER_N>;
+  using Work = WgmmaWork<BM, BN, CLUSTER_M, RASTER, GROUP, SPLIT_K, CLUSTER_N, TAIL>;
   constexpr int CLUSTER = Tile::CLUSTER;
   // (a direct store builds no staged epilogue, but the type must exist: any width it takes will do)
   using Staged = StagedEpilogue<T, Tile::WG_M, STORE == STORE_STAGED ? BN : 64, ACT, BIAS, RESIDUAL>;
@@ -252,7 +360,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   static_assert(STORE == STORE_DIRECT || STORE == STORE_STAGED || STORE == STORE_HANDOFF, "a known store");
   static_assert(STORE == STORE_DIRECT || BN % 64 == 0, "a staged block's rows are whole 128-byte lines");
   static_assert(STORE != STORE_HANDOFF || (!Tile::PINGPONG && SPLIT_K == 1),
-                "the handed-off epilogue follows the cooperative schedule's units, unsplit");
+                "the handed-off epilogue follows the cooperative schedule's units, K unsplit (or cut by a stream)");
   // The handed-off epilogue's drainers need registers the producer's copy loop does not: the
   // producer warpgroup keeps 136 and the consumers, which no longer finish their blocks, take 184
   // (128 x 136 + 256 x 184 = 384 x 168, as before; with 120 the drainers' pipeline of a GELU spilled).
@@ -263,6 +371,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   __shared__ __align__(8) unsigned long long full_barriers[STAGES], empty_barriers[STAGES];
   __shared__ __align__(8) unsigned long long turn_barriers[Tile::CONSUMERS];   // pingpong: a K loop may start
   __shared__ unsigned last_unit[Tile::CONSUMERS];                              // split-K: the unit ends its tile
+  __shared__ unsigned handoff_skipped[Tile::CONSUMERS];                        // STORE_HANDOFF: a unit left no block
 
   // The ring: slot s at ring + s * STAGE_BYTES, A first, then B; after it, a
   // staging buffer for each consumer (STORE_STAGED), or a handoff buffer for
@@ -293,8 +402,8 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   else
     __syncthreads();
 
-  const Work work(m, n, k);
-  const int first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
+  const int first = blockIdx.x / CLUSTER;
+  const Work work(m, n, k, gridDim.x / CLUSTER);
   const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0;
 
   if (warpgroup == 0) {
@@ -302,13 +411,12 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
     if constexpr (STORE == STORE_HANDOFF) {
       if (threadIdx.x >= 128 - Handoff::DRAINERS) {   // the drainers: every unit's blocks, consumer after consumer,
         const int drainer = threadIdx.x - (128 - Handoff::DRAINERS);   // but the last unit's (the consumers finish it)
-        for (int u = first, item = 0; u + step < work.total; u += step, ++item) {
-          int tm, tn, split, kb0, kb1;
-          work.unit(u, rank, tm, tn, split, kb0, kb1);
+        WgmmaUnit w;
+        for (int item = 0; work.has(item + 1, first) && work.unit(item, first, rank, w); ++item) {
 #pragma unroll 1
           for (int consumer = 0; consumer < Tile::CONSUMERS; ++consumer)
-            Handoff::of(consumer, handoff_area, c, ldc, bias, residual, ldr, m, n)
-                .drain(drainer, item, tm * BM + consumer * Tile::WG_M, tn * BN);
+            Handoff::of(consumer, handoff_area, handoff_skipped, c, ldc, bias, residual, ldr, m, n)
+                .drain(drainer, item, w.tm * BM + consumer * Tile::WG_M, w.tn * BN);
         }
       }
     }
@@ -316,14 +424,13 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       tma_prefetch_descriptor(a_map);
       tma_prefetch_descriptor(b_map);
       RingPosition<STAGES> at;
-      for (int u = first; u < work.total; u += step) {
-        int tm, tn, split, kb0, kb1;
-        work.unit(u, rank, tm, tn, split, kb0, kb1);
-        for (int kb = kb0; kb < kb1; ++kb) {
+      WgmmaUnit w;
+      for (int item = 0; work.unit(item, first, rank, w); ++item) {
+        for (int kb = w.kb0; kb < w.kb1; ++kb) {
           barrier_wait(empty0 + 8 * at.slot, at.phase ^ 1);
           barrier_arrive_expect(full0 + 8 * at.slot, Tile::STAGE_BYTES);
-          Tile::load_stage(a_map, b_map, ring + at.slot * Tile::STAGE_BYTES, full0 + 8 * at.slot, tm * BM, tn * BN,
-                           kb * Tile::BK, m, n, rank);
+          Tile::load_stage(a_map, b_map, ring + at.slot * Tile::STAGE_BYTES, full0 + 8 * at.slot, w.tm * BM,
+                           w.tn * BN, kb * Tile::BK, m, n, rank);
           at.advance();
         }
       }
@@ -338,18 +445,17 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
     float acc[Tile::M_ATOMS][Tile::ACC];
     RingPosition<STAGES> at;
     int mine = 0;   // units this consumer has taken (pingpong)
-    for (int u = first, item = 0; u < work.total; u += step, ++item) {
-      int tm, tn, part, kb0, kb1;
-      work.unit(u, rank, tm, tn, part, kb0, kb1);
+    WgmmaUnit w;
+    for (int item = 0; work.unit(item, first, rank, w); ++item) {
       if constexpr (Tile::PINGPONG) {
         if (item % Tile::CONSUMERS != consumer) {   // the other consumer's unit: its slices pass us by
-          at.skip(kb1 - kb0);
+          at.skip(w.kb1 - w.kb0);
           continue;
         }
       }
-      const int row0 = tm * BM + (Tile::PINGPONG ? 0 : consumer * Tile::WG_M), col0 = tn * BN;
+      const int row0 = w.tm * BM + (Tile::PINGPONG ? 0 : consumer * Tile::WG_M), col0 = w.tn * BN;
       // A split unit learns only after its K loop whether it finishes the tile (and needs the residual).
-      const bool split = SPLIT_K > 1 && work.splits > 1;
+      const bool split = (SPLIT_K > 1 || TAIL == TAIL_STREAM) && w.parts > 1;
       if constexpr (STORE == STORE_STAGED) {
         // before a pingpong consumer's turn: the copies' setup then runs while the other's K loop
         // keeps the tensor cores busy, not between the two K loops
@@ -368,7 +474,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       }
 
       int held = 0;   // the slot whose wgmma may still be reading it
-      for (int kb = kb0; kb < kb1; ++kb) {
+      for (int kb = w.kb0; kb < w.kb1; ++kb) {
         barrier_wait(full0 + 8 * at.slot, at.phase);
         wgmma_fence();
         const unsigned a = ring + at.slot * Tile::STAGE_BYTES, b = a + Tile::A_BYTES;
@@ -377,10 +483,10 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
 #pragma unroll
           for (int ks = 0; ks < Tile::BK / 16; ++ks)
             Wgmma<BN, T, A_MAJOR, B_MAJOR>::mma(acc[atom], Tile::a_descriptor(a, atom0 + atom, ks),
-                                                Tile::b_descriptor(b, ks), (kb > kb0 || ks > 0) ? 1 : 0);
+                                                Tile::b_descriptor(b, ks), (kb > w.kb0 || ks > 0) ? 1 : 0);
         }
         wgmma_commit();
-        if (kb > kb0) {
+        if (kb > w.kb0) {
           wgmma_wait<1>();   // the previous slice's group is done: its slot is free
           Tile::release(empty0 + 8 * held);
         }
@@ -395,15 +501,21 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
 #pragma unroll
       for (int atom = 0; atom < Tile::M_ATOMS; ++atom) touch_accumulators<Tile::ACC>(acc[atom]);
 
-      if constexpr (SPLIT_K > 1) {
+      if constexpr (SPLIT_K > 1 || TAIL == TAIL_STREAM) {
         if (split) {
-          const long long tile = static_cast<long long>(tm) * work.tiles_n + tn;
+          using Reduction = SplitReduction<Tile::M_ATOMS * Tile::ACC, Tile::TILE_THREADS>;
+          const long long tile = static_cast<long long>(w.tm) * work.tiles_n + w.tn;
           const int holder = Tile::PINGPONG ? thread : threadIdx.x - 128;
           const unsigned barrier = Tile::PINGPONG ? 1 + consumer : 3;
-          if (!SplitReduction<Tile::M_ATOMS * Tile::ACC, Tile::TILE_THREADS>::reduce(
-                  &acc[0][0], workspace, tickets, tile, part, work.splits, holder, barrier,
-                  last_unit + (Tile::PINGPONG ? consumer : 0)))
-            continue;   // another unit of this tile adds the parts
+          if (!Reduction::reduce(&acc[0][0], workspace, work.places(w, rank), tickets + tile, w.part, w.parts, holder,
+                                 barrier, last_unit + (Tile::PINGPONG ? consumer : 0))) {
+            // another unit of this tile adds the parts; the drainers learn there is no block
+            if constexpr (STORE == STORE_HANDOFF) {
+              if (work.has(item + 1, first))
+                Handoff::of(consumer, handoff_area, handoff_skipped, c, ldc, bias, residual, ldr, m, n).pass(item);
+            }
+            continue;
+          }
           if constexpr (STORE == STORE_STAGED) staged.prefetch(row0, col0);
         }
       }
@@ -411,8 +523,8 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       if constexpr (STORE == STORE_STAGED) {
         staged.finish(acc, row0, col0);
       } else if constexpr (STORE == STORE_HANDOFF) {
-        const Handoff handoff = Handoff::of(consumer, handoff_area, c, ldc, bias, residual, ldr, m, n);
-        if (u + step < work.total) {
+        const Handoff handoff = Handoff::of(consumer, handoff_area, handoff_skipped, c, ldc, bias, residual, ldr, m, n);
+        if (work.has(item + 1, first)) {
           handoff.park(acc, item);
         } else {   // no K loop left to hide the epilogue behind: the consumer finishes its block itself
           handoff.finish_last(acc, item, row0, col0, 1 + consumer);
