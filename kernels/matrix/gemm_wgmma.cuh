@@ -212,8 +212,9 @@ struct RingPosition {
 // Where the parts of a split tile publish their sums: WgmmaWork::partial.
 struct WgmmaUnit {
   int tm, tn, kb0, kb1, part, parts;
-  int first_run = 0;           // TAIL_STREAM: the CTA (cluster) whose run holds the tile's first slice,
-  int first_run_slot = 0;      // and whether that run starts before the tile (1) or at its start (0)
+  // TAIL_STREAM: 2 x the CTA (cluster) whose run holds the tile's first slice, + 1 where that run
+  // starts before the tile (its last piece, not its first, holds the tile's part 0)
+  int first_run = 0;
 };
 
 // The launch's units: output tiles (for clusters, runs of CLUSTER_M
@@ -307,10 +308,10 @@ struct WgmmaWork {
       place(whole_tiles + static_cast<int>(tile), rank, w);
       w.kb0 = static_cast<int>(s - t0);
       w.kb1 = static_cast<int>(min(end, t0 + kbs) - t0);
-      w.first_run = w.kb0 == 0 ? c : run_of(t0);
-      w.first_run_slot = run_start(w.first_run) == t0 ? 0 : 1;
-      w.parts = run_of(t0 + kbs - 1) - w.first_run + 1;
-      w.part = c - w.first_run;
+      const int first = w.kb0 == 0 ? c : run_of(t0);
+      w.first_run = 2 * first + (run_start(first) == t0 ? 0 : 1);
+      w.parts = run_of(t0 + kbs - 1) - first + 1;
+      w.part = c - first;
       return true;
     }
   }
@@ -326,8 +327,8 @@ struct WgmmaWork {
       return {zero, zero, 1};
     } else {
       constexpr int CTAS = CLUSTER_M * CLUSTER_N;
-      const int first_cta = w.first_run * CTAS + rank;
-      return {first_cta * 2 + w.first_run_slot, first_cta * 2, 2 * CTAS};
+      const int first_cta = (w.first_run >> 1) * CTAS + rank;
+      return {first_cta * 2 + (w.first_run & 1), first_cta * 2, 2 * CTAS};
     }
   }
 

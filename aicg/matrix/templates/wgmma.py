@@ -17,6 +17,9 @@ MAX_ACCUMULATORS = 128        # of the 232 registers a consumer thread gets
 # A split-K launch keeps every unit's fp32 partial tile; past this much scratch memory a problem
 # has tiles enough to fill the GPU without splitting K, and a realisation that splits is not for it.
 MAX_WORKSPACE_BYTES = 1 << 30
+# A stream's cut is 32-bit arithmetic in the kernel (clusters x slices < 2^32): with up to this many
+# clusters, a stream of at most 2^32 / this many K slices.
+MAX_STREAM_CLUSTERS = 256
 SCHEDULE_CONSTANTS = {"cooperative": "aicg::matrix::SCHEDULE_COOPERATIVE",
                       "pingpong": "aicg::matrix::SCHEDULE_PINGPONG"}
 STORE_CONSTANTS = {"direct": "aicg::matrix::STORE_DIRECT", "staged": "aicg::matrix::STORE_STAGED",
@@ -72,6 +75,9 @@ class Stream:
     def ctas(self) -> int:
         return min(self.clusters, self.slices)
 
+    def run_start(self, c: int) -> int:
+        return c * self.slices // self.ctas
+
     def run_of(self, s: int) -> int:
         return -(-((s + 1) * self.ctas) // self.slices) - 1
 
@@ -79,6 +85,24 @@ class Stream:
         """The most parts any streamed tile is cut into (1: the stream cuts none)."""
         k = self.work.k_blocks
         return max((self.run_of(t + k - 1) - self.run_of(t) + 1 for t in range(0, self.slices, k)), default=1)
+
+    def pieces(self, c: int) -> list[tuple[int, int, int, int, int, int]]:
+        """CTA (cluster) c's pieces of the stream, as WgmmaWork::unit walks them: (tile, kb0, kb1,
+        part, parts, place of part 0 in the workspace, in parts, for rank 0)."""
+        if c >= self.ctas:
+            return []
+        k, found = self.work.k_blocks, []
+        begin, end = self.run_start(c), self.run_start(c + 1)
+        s = begin
+        while s < end:
+            t0 = s // k * k
+            first = c if s == t0 else self.run_of(t0)
+            slot = 0 if self.run_start(first) == t0 else 1
+            parts = self.run_of(t0 + k - 1) - first + 1
+            found.append((self.whole_tiles + s // k, s - t0, min(end, t0 + k) - t0, c - first, parts,
+                          first * self.work.cluster * STREAM_PARTIALS_A_CTA + slot))
+            s = t0 + k
+        return found
 
     def rounds(self) -> float:
         """The launch's length in tile times: whole rounds, then the longest run of the stream."""
@@ -217,6 +241,12 @@ class WgmmaRules(TemplateRules):
 
     def unsupported(self, real: Realisation, problem: Problem) -> str | None:
         found = self.common_unsupported(real, problem) or aligned_leading_dimensions(problem)
+        if found is None and real.knob("tail") == "stream":
+            w = self.work(real, problem)
+            longest = min(w.units // w.cluster, 2 * MAX_STREAM_CLUSTERS) * w.k_blocks
+            if longest * MAX_STREAM_CLUSTERS >= 1 << 32:
+                found = (f"a stream of up to {longest} K slices: past {(1 << 32) // MAX_STREAM_CLUSTERS} the "
+                         f"kernel's 32-bit cut of it over the CTAs overflows")
         if found is None and self.workspace_bytes(real, problem) > MAX_WORKSPACE_BYTES:
             found = (f"split into {self.work(real, problem).splits} parts, {problem.name} needs "
                      f"{self.workspace_bytes(real, problem) / 2**20:.0f} MiB of partial sums (at most "
