@@ -50,7 +50,7 @@ def _new_design(template: str, knobs: dict) -> tuple | None:
         return None
     found = tuple(name for name, default in (("store", "direct"), ("schedule", "cooperative"), ("split_k", 1),
                                              ("tail", "whole"))
-                  if knobs[name] != default) + (("handoff",) if knobs["store"] == "handoff" else ())
+                  if knobs.get(name, default) != default) + (("handoff",) if knobs["store"] == "handoff" else ())
     return found + (("cluster",) if knobs["cluster_m"] > 1 else ()) if found else None
 
 
