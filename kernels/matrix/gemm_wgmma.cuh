@@ -209,7 +209,7 @@ struct RingPosition {
 
 // A unit of work: a tile (this CTA's of its cluster) and a run [kb0, kb1) of
 // its 64-wide K slices, part `part` of the tile's `parts` (1: the whole K).
-// Where the parts of a split tile publish their sums: WgmmaWork::partial.
+// Where the parts of a split tile publish their sums: WgmmaWork::places.
 struct WgmmaUnit {
   int tm, tn, kb0, kb1, part, parts;
   // TAIL_STREAM: 2 x the CTA (cluster) whose run holds the tile's first slice, + 1 where that run
