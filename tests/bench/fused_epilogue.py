@@ -8,7 +8,8 @@ read, the median).
     python tests/bench/fused_epilogue.py --json fused.json [--m 8192] [--reps 20] [--schedules 0,5]
 
 --schedules picks schedules by their index in SCHEDULES (default: all), --epilogues likewise in
-EPILOGUES, and --no-peers leaves the peers out. --kernels DIR (repeatable) builds each kernel with
+EPILOGUES, --no-peers leaves the peers out and --no-max-autotune torch.compile's max-autotune (its
+autotuning takes minutes). --kernels DIR (repeatable) builds each kernel with
 that directory's headers, each in turn: an earlier commit's kernels/ timed beside the checkout's. --fitted-gelu
 times each GELU(erf) kernel a second time with epilogue.cuh's fitted evaluation (ACT_GELU_ERF_FITTED, which no
 realisation names yet), validated against the same float64 reference and bound. --profile times each validated kernel once more,
@@ -109,10 +110,10 @@ def kernels(out: dict, m: int, reps: int, path: str, schedules, epilogues, profi
                 Path(path).write_text(json.dumps(out, indent=1))
 
 
-def peers(out: dict, m: int, reps: int, path: str) -> None:
+def peers(out: dict, m: int, reps: int, path: str, max_autotune: bool = True) -> None:
     """matmul_bench's peers of the fused case (the same tensors, flush, events and median), and plain cuBLAS."""
     from matmul_bench import FUSED_EPILOGUE, Peers
-    timer = Peers(reps, use_compile=True, flush="read")
+    timer = Peers(reps, use_compile=True, flush="read", max_autotune=max_autotune)
     found = [timer.matmul(Problem(m, N, K, "bfloat16", "k", "k"))]
     found += timer.fused(Problem(m, N, K, "bfloat16", "k", "k", FUSED_EPILOGUE))
     for peer in found:
@@ -129,6 +130,7 @@ def main(argv=None) -> None:
     p.add_argument("--schedules", help="indices into SCHEDULES, comma-separated")
     p.add_argument("--epilogues", help="indices into EPILOGUES, comma-separated")
     p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--no-max-autotune", action="store_true", help="the peers without torch.compile's max-autotune")
     p.add_argument("--fitted-gelu", action="store_true", help="each GELU(erf) kernel also with the fitted evaluation")
     p.add_argument("--profile", action="store_true", help="one more timed run of each valid kernel inside a profiler range")
     p.add_argument("--kernels", action="append", type=Path,
@@ -143,7 +145,7 @@ def main(argv=None) -> None:
     kernels(out, args.m, args.reps, args.json, picked(SCHEDULES, args.schedules), picked(EPILOGUES, args.epilogues),
             args.profile, args.kernels or [build.KERNELS_DIR], args.fitted_gelu)
     if not args.no_peers:
-        peers(out, args.m, args.reps, args.json)
+        peers(out, args.m, args.reps, args.json, not args.no_max_autotune)
 
 
 if __name__ == "__main__":

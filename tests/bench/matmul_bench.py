@@ -549,10 +549,10 @@ class Peers:
     CUDA events around the call, the L2 evicted before each repetition as for aicg's (a read of twice
     its size, or with flush="write" a memset: aicg/matrix/timing.py), the median."""
 
-    def __init__(self, reps: int, use_compile: bool, flush: str = "read"):
+    def __init__(self, reps: int, use_compile: bool, flush: str = "read", max_autotune: bool = True):
         import torch
         from l2 import l2_flush   # tests/bench, beside this script: the row bench's eviction too
-        self.torch, self.reps, self.use_compile = torch, reps, use_compile
+        self.torch, self.reps, self.use_compile, self.max_autotune = torch, reps, use_compile, max_autotune
         self.flush = l2_flush(flush)
         self.fused_results = []
 
@@ -603,7 +603,8 @@ class Peers:
         cases = [("eager PyTorch", eager), ("F.linear + bias only (cuBLASLt)", lambda: F.linear(a, w, bias))]
         if self.use_compile:   # Inductor's default (it fuses the epilogue after cuBLAS) and its autotuned templates
             cases.append(("torch.compile", torch.compile(eager)))
-            cases.append(("torch.compile max-autotune", torch.compile(eager, mode="max-autotune")))
+            if self.max_autotune:   # its autotuning takes minutes of a GPU node's call
+                cases.append(("torch.compile max-autotune", torch.compile(eager, mode="max-autotune")))
         self.fused_results = []
         for name, fn in cases:
             try:
