@@ -14,22 +14,15 @@
 // reducer clears the ticket for the next launch (tickets start zeroed); no
 // unit ever waits for another, so any schedule of units is safe.
 //
-// Where the parts lie is the caller's (PartPlaces): each part is THREADS x
+// Where the parts lie is the caller's (work.cuh: PartPlaces): each part is THREADS x
 // GROUPS float4s, laid out [group of 4 accumulators][thread], so a warp's 32
 // lanes write and read 512 consecutive bytes.
 #pragma once
 #include "matrix/tiles.cuh"
+#include "matrix/work.cuh"
 
 namespace aicg {
 namespace matrix {
-
-// Where a tile's parts lie in the workspace, in parts: part 0 at `zero`, part p > 0 at
-// `base + p * stride`. (32-bit: the host keeps the workspace under 1 GiB, 2^26 float4s.)
-struct PartPlaces {
-  int zero, base, stride;
-
-  __device__ __forceinline__ int operator()(int p) const { return p == 0 ? zero : base + p * stride; }
-};
 
 template <int COUNT, int THREADS>
 struct SplitReduction {
