@@ -137,26 +137,31 @@ int main() {
 """
 
 
-@pytest.fixture(scope="module")
-def box_start(tmp_path_factory):
-    """box_start(start, extent, box) as the kernels compute it, for many arguments at once."""
+def host_program(tmp_path_factory, name: str, source: str):
+    """`source` (which includes kernels/ headers) compiled for the host: a function of its standard
+    input's text that returns its standard output's. Skips without a host C++ compiler."""
     import shutil
     import subprocess
     from pathlib import Path
     compiler = shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
-    root = tmp_path_factory.mktemp("box_start")
-    (root / "main.cpp").write_text(BOX_PLACEMENT)
+    root = tmp_path_factory.mktemp(name)
+    (root / "main.cpp").write_text(source)
     kernels = Path(__file__).resolve().parents[1] / "kernels"
     subprocess.run([compiler, "-std=c++17", "-I", str(kernels), "-o", str(root / "main"), str(root / "main.cpp")],
                    check=True, capture_output=True, timeout=120)
+    return lambda lines: subprocess.run([str(root / "main")], input=lines, capture_output=True, text=True,
+                                        check=True, timeout=60).stdout
+
+
+@pytest.fixture(scope="module")
+def box_start(tmp_path_factory):
+    """box_start(start, extent, box) as the kernels compute it, for many arguments at once."""
+    program = host_program(tmp_path_factory, "box_start", BOX_PLACEMENT)
 
     def run(cases: list[tuple[int, int, int]]) -> list[int]:
-        lines = "".join(f"{box} {extent} {start}\n" for start, extent, box in cases)
-        done = subprocess.run([str(root / "main")], input=lines, capture_output=True, text=True, check=True,
-                              timeout=60)
-        return [int(v) for v in done.stdout.split()]
+        return [int(v) for v in program("".join(f"{box} {extent} {start}\n" for start, extent, box in cases)).split()]
     return run
 
 
@@ -223,25 +228,13 @@ int main() {
 def unit_walk(tmp_path_factory):
     """The kernel's units for (m, n, k, clusters, cluster_m): one list of (cta, rank, tm, tn, kb0, kb1,
     part, parts, place of part 0, place of the last part) a problem."""
-    import shutil
-    import subprocess
-    from pathlib import Path
-    compiler = shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    root = tmp_path_factory.mktemp("unit_walk")
-    (root / "main.cpp").write_text(UNIT_WALK)
-    kernels = Path(__file__).resolve().parents[1] / "kernels"
-    subprocess.run([compiler, "-std=c++17", "-I", str(kernels), "-o", str(root / "main"), str(root / "main.cpp")],
-                   check=True, capture_output=True, timeout=120)
+    program = host_program(tmp_path_factory, "unit_walk", UNIT_WALK)
 
     def run(cases: list[tuple[int, int, int, int, int]]) -> list[list[tuple[int, ...]]]:
-        lines = "".join(" ".join(map(str, case)) + "\n" for case in cases)
-        done = subprocess.run([str(root / "main")], input=lines, capture_output=True, text=True, check=True,
-                              timeout=60)
-        assert "has disagrees" not in done.stdout
+        out = program("".join(" ".join(map(str, case)) + "\n" for case in cases))
+        assert "has disagrees" not in out
         found, current = [], []
-        for line in done.stdout.splitlines():
+        for line in out.splitlines():
             if line == "end":
                 found.append(current)
                 current = []
