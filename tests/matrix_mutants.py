@@ -39,7 +39,7 @@ STALE = (('extern "C" __global__', '__device__ unsigned aicg_launches;\nextern "
 MUTANTS = (
     Mutant("skips a k tile", "wgmma", Epilogue(), "matrix/gemm_wgmma.cuh",
            (("Wgmma<BN, T, A_MAJOR, B_MAJOR>::mma(acc[atom],",
-             "if (kb != w.kb0 + 1) Wgmma<BN, T, A_MAJOR, B_MAJOR>::mma(acc[atom],"),)),
+             "if (kb != kb0 + 1) Wgmma<BN, T, A_MAJOR, B_MAJOR>::mma(acc[atom],"),)),
     Mutant("reads B transposed", "wgmma", Epilogue(), "source",
            (("aicg::matrix::K_MAJOR, aicg::matrix::K_MAJOR,", "aicg::matrix::K_MAJOR, aicg::matrix::MN_MAJOR,"),)),
     Mutant("applies GELU twice", "wgmma", FUSED, "matrix/epilogue.cuh",

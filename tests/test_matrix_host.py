@@ -137,31 +137,26 @@ int main() {
 """
 
 
-def host_program(tmp_path_factory, name: str, source: str):
-    """`source` (which includes kernels/ headers) compiled for the host: a function of its standard
-    input's text that returns its standard output's. Skips without a host C++ compiler."""
+@pytest.fixture(scope="module")
+def box_start(tmp_path_factory):
+    """box_start(start, extent, box) as the kernels compute it, for many arguments at once."""
     import shutil
     import subprocess
     from pathlib import Path
     compiler = shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
-    root = tmp_path_factory.mktemp(name)
-    (root / "main.cpp").write_text(source)
+    root = tmp_path_factory.mktemp("box_start")
+    (root / "main.cpp").write_text(BOX_PLACEMENT)
     kernels = Path(__file__).resolve().parents[1] / "kernels"
     subprocess.run([compiler, "-std=c++17", "-I", str(kernels), "-o", str(root / "main"), str(root / "main.cpp")],
                    check=True, capture_output=True, timeout=120)
-    return lambda lines: subprocess.run([str(root / "main")], input=lines, capture_output=True, text=True,
-                                        check=True, timeout=60).stdout
-
-
-@pytest.fixture(scope="module")
-def box_start(tmp_path_factory):
-    """box_start(start, extent, box) as the kernels compute it, for many arguments at once."""
-    program = host_program(tmp_path_factory, "box_start", BOX_PLACEMENT)
 
     def run(cases: list[tuple[int, int, int]]) -> list[int]:
-        return [int(v) for v in program("".join(f"{box} {extent} {start}\n" for start, extent, box in cases)).split()]
+        lines = "".join(f"{box} {extent} {start}\n" for start, extent, box in cases)
+        done = subprocess.run([str(root / "main")], input=lines, capture_output=True, text=True, check=True,
+                              timeout=60)
+        return [int(v) for v in done.stdout.split()]
     return run
 
 
@@ -185,105 +180,6 @@ def test_tma_boxes_start_where_their_rows_are(box_start):
         else:
             assert placed % box == 0 and 0 <= placed < extent, (start, extent, box)
     assert box_start([(96, 128, 32)]) == [96]              # the device's failing case
-
-# The kernels' own walk of a launch's units (kernels/matrix/work.cuh: WgmmaWork), compiled for the
-# host: every unit of every CTA of a stream, its tile, K slices, part and the places of its tile's parts.
-UNIT_WALK = r"""
-#include <algorithm>
-#include <cstdio>
-#define __device__
-#define __forceinline__ inline
-using std::max;
-using std::min;
-unsigned __cvta_generic_to_shared(const void*) { return 0; }
-#include "matrix/work.cuh"
-using namespace aicg::matrix;
-template <int CLUSTER_M>
-void walk(int m, int n, int k, int clusters) {
-  const WgmmaWork<128, 256, CLUSTER_M, RASTER_M, 8, 1, 1, TAIL_STREAM> work(m, n, k, clusters);
-  for (int c = 0; c < clusters; ++c) {
-    for (unsigned rank = 0; rank < CLUSTER_M; ++rank) {
-      WgmmaUnit w;
-      int i = 0;
-      for (; work.unit(i, c, rank, w); ++i) {
-        if (!work.has(i, c)) std::printf("has disagrees\n");
-        const PartPlaces at = work.places(w, rank);
-        std::printf("%d %u %d %d %d %d %d %d %d %d\n", c, rank, w.tm, w.tn, w.kb0, w.kb1, w.part, w.parts,
-                    at(0), w.parts > 1 ? at(w.parts - 1) : -1);
-      }
-      if (work.has(i, c)) std::printf("has disagrees\n");
-    }
-  }
-  std::printf("end\n");
-}
-int main() {
-  int m, n, k, clusters, cluster_m;
-  while (std::scanf("%d %d %d %d %d", &m, &n, &k, &clusters, &cluster_m) == 5)
-    cluster_m == 2 ? walk<2>(m, n, k, clusters) : walk<1>(m, n, k, clusters);
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def unit_walk(tmp_path_factory):
-    """The kernel's units for (m, n, k, clusters, cluster_m): one list of (cta, rank, tm, tn, kb0, kb1,
-    part, parts, place of part 0, place of the last part) a problem."""
-    program = host_program(tmp_path_factory, "unit_walk", UNIT_WALK)
-
-    def run(cases: list[tuple[int, int, int, int, int]]) -> list[list[tuple[int, ...]]]:
-        out = program("".join(" ".join(map(str, case)) + "\n" for case in cases))
-        assert "has disagrees" not in out
-        found, current = [], []
-        for line in out.splitlines():
-            if line == "end":
-                found.append(current)
-                current = []
-            else:
-                current.append(tuple(int(v) for v in line.split()))
-        return found
-    return run
-
-
-# (m, n, k, the clusters the GPU holds, cluster_m)
-STREAM_CASES = [(8192, 4096, 4096, 132, 1), (4096, 4096, 4096, 66, 2), (1000, 1000, 1000, 132, 1),
-                (1000, 4000, 2000, 132, 1), (4000, 3000, 300, 60, 2), (129, 127, 4097, 132, 1), (3, 520, 8, 66, 2),
-                (16384, 28672, 4096, 132, 1), (8192, 4096, 520, 132, 1)]
-
-
-def test_the_kernels_stream_walk_is_its_host_mirror_and_covers_every_slice_once(unit_walk):
-    """work.cuh's walk, compiled for the host, for streams cut many ways (a round and more, fewer
-    tiles than CTAs, K shorter than a run, 2-CTA clusters): each CTA's units are those of the host's
-    mirror (templates/wgmma.py: Stream.pieces, after its whole tiles), every K slice of every tile
-    (of each CTA of a cluster) is computed once, and each split tile's parts publish in places no
-    other part takes."""
-    rules = RULES["wgmma"]
-    streams = []
-    for m, n, k, resident, cluster_m in STREAM_CASES:   # the launch's clusters as the host makes them
-        r = real("wgmma", block_m=128, block_n=256, stages=3, cluster_m=cluster_m, raster="m", group=8,
-                 store="staged", tail="stream")
-        streams.append(rules.stream(r, Problem(m, n, k), 132, resident))
-    walked = unit_walk([(m, n, k, st.clusters, cm) for (m, n, k, _, cm), st in zip(STREAM_CASES, streams)])
-    for case, stream, units in zip(STREAM_CASES, streams, walked, strict=True):
-        clusters, w = stream.clusters, stream.work
-        slices, places = {}, {}
-        for c in range(clusters):
-            mine = [u for u in units if u[0] == c and u[1] == 0]
-            whole = stream.whole_tiles // clusters
-            assert all(u[4:8] == (0, w.k_blocks, 0, 1) for u in mine[:whole])
-            expected = [(kb0, kb1, part, parts, zero) for _, kb0, kb1, part, parts, zero in stream.pieces(c)]
-            assert [(u[4], u[5], u[6], u[7], u[8] if u[7] > 1 else zero) for u, (*_, zero) in
-                    zip(mine[whole:], expected, strict=True)] == expected, case
-        for cta, rank, tm, tn, kb0, kb1, part, parts, zero, last in units:
-            for s in range(kb0, kb1):
-                assert (tm, tn, s) not in slices, case
-                slices[(tm, tn, s)] = parts
-            if parts > 1:
-                place = zero if part == 0 else (cta * w.cluster + rank) * 2
-                assert places.setdefault(place, (tm, tn, part)) == (tm, tn, part), case
-        assert len(slices) == w.tiles * w.k_blocks, case
-        assert max(slices.values()) == stream.most_parts()
-        assert all(0 <= p < 2 * clusters * w.cluster for p in places)
-
 
 # ---- geometry
 

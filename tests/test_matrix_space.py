@@ -210,64 +210,6 @@ def test_wgmma_instantiation_leaves_default_trailing_knobs_to_the_template():
         ["aicg::matrix::SCHEDULE_COOPERATIVE", "aicg::matrix::STORE_DIRECT", "4"]
 
 
-STREAMED = [(8192, 4096, 4096, 1), (4096, 4096, 4096, 2), (1000, 1000, 1000, 1), (1000, 4000, 2000, 1),
-            (128, 128, 64, 1), (4000, 3000, 300, 2), (16384, 28672, 4096, 1), (129, 127, 4097, 1), (3, 520, 8, 2)]
-
-
-@pytest.mark.parametrize("m, n, k, cluster", STREAMED)
-def test_a_stream_covers_every_slice_once_and_publishes_each_part_in_a_place_of_its_own(m, n, k, cluster):
-    """WgmmaWork's cut as the host mirrors it (templates/wgmma.py: Stream): the tiles dealt whole
-    and the stream's pieces cover every K slice of every tile exactly once; a tile's pieces agree
-    on its parts and number them in K order; every part but a tile's first is its CTA's first
-    piece, so the workspace places [CTA][first, last piece] never collide; and no CTA's run is
-    longer than the whole rounds it replaces."""
-    rules = RULES["wgmma"]
-    real = wgmma(block_m=128, block_n=256, stages=3, cluster_m=cluster, store="staged", tail="stream")
-    problem = Problem(m, n, k)
-    stream = rules.stream(real, problem, 132, 132 // cluster)
-    w = stream.work
-    covered, pieces = {}, {}
-    for c in range(stream.clusters):
-        for i in range(stream.whole_tiles // stream.clusters):
-            covered.setdefault(c + i * stream.clusters, []).append((0, w.k_blocks))
-        for tile, kb0, kb1, part, parts, zero in stream.pieces(c):
-            covered.setdefault(tile, []).append((kb0, kb1))
-            pieces.setdefault(tile, []).append((kb0, part, parts, zero, c))
-    assert sorted(covered) == list(range(stream.units))
-    for tile, runs in covered.items():
-        assert sorted(runs)[0][0] == 0 and sorted(runs)[-1][1] == w.k_blocks
-        assert all(a[1] == b[0] for a, b in zip(sorted(runs), sorted(runs)[1:])), (tile, runs)
-    places = []
-    for tile, found in pieces.items():
-        found.sort()
-        assert [p for _, p, _, _, _ in found] == list(range(len(found)))
-        assert {parts for _, _, parts, _, _ in found} == {len(found)}
-        if len(found) > 1:
-            zero = found[0][3]
-            places += [zero] + [(c * w.cluster) * 2 for _, p, _, _, c in found[1:]]
-    assert len(places) == len(set(places))
-    assert all(0 <= p < 2 * stream.clusters * w.cluster for p in places)
-    assert max((parts for f in pieces.values() for _, _, parts, _, _ in f), default=1) == stream.most_parts()
-    if stream.units >= stream.clusters:
-        assert stream.most_parts() <= 2
-    assert stream.rounds() <= -(-stream.units // stream.clusters)
-    assert rules.geometry(real, problem, 132, 132 // cluster).splits == stream.most_parts()
-
-
-def test_a_stream_is_its_own_cut_of_k(hopper):
-    rules = RULES["wgmma"]
-    stream = wgmma(block_m=128, block_n=256, stages=3, store="handoff", tail="stream")
-    assert rules.violations(stream, hopper) == []
-    assert rules.template_arguments(stream)[-1] == "aicg::matrix::TAIL_STREAM"
-    assert stream.name.endswith("_s3_handoff_stream.plain")
-    assert any("a stream cuts K itself" in v for v in rules.violations(wgmma(split_k=2, tail="stream"), hopper))
-    # 1024 tiles on 132 SMs: 6 rounds dealt whole, 232 tiles streamed, 2 partial tiles a CTA at most
-    g = rules.geometry(stream, Problem(8192, 4096, 4096), 132, None)
-    assert (g.grid, g.splits, g.workspace_bytes, g.ticket_bytes) == ((132, 1, 1), 2, 2 * 132 * 128 * 256 * 4, 4096)
-    assert "32-bit" in rules.unsupported(stream, Problem(4096, 4096, 2 ** 21))
-    assert rules.unsupported(stream, Problem(4096, 4096, 2 ** 20)) is None
-
-
 def test_wgmma_needs_exactly_hopper_and_whole_box_shares(hopper, ampere):
     real = wgmma("k", "mn", block_m=128, block_n=192, stages=3, cluster_m=2)
     found = RULES["wgmma"].violations(real, hopper)
@@ -363,7 +305,7 @@ def test_legal_space_sizes(hopper):
 
 FUSED = Epilogue("gelu_erf", bias=True, residual=True)
 NEW_WGMMA = [i for i, k in enumerate(space.templates()["wgmma"].tried)
-             if (k["schedule"], k["store"], k["split_k"], k["tail"]) != ("cooperative", "direct", 1, "whole")]
+             if (k["schedule"], k["store"], k["split_k"]) != ("cooperative", "direct", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -378,7 +320,7 @@ def test_staged_pingpong_and_split_settings_compile_to_their_design(i, epilogue,
     GPU's limits, no spills or stack, the launch bound's 168 registers (setmaxnreg then moves
     them), and in the SASS what the design rests on: one HGMMA per m64 row block and k16 step of
     a consumer, 16-byte stores of C in both of its copy-outs (staged), the residual fetched by cp.async, the ticket taken
-    by an atomic (split-K, and a stream's split tiles)."""
+    by an atomic (split-K)."""
     from collections import Counter
     from aicg.matrix import build
     real = space.realisation("wgmma", "bfloat16", "k", "k", epilogue, **space.templates()["wgmma"].tried[i])
@@ -397,7 +339,7 @@ def test_staged_pingpong_and_split_settings_compile_to_their_design(i, epilogue,
         assert ops["STG.E.128"] == 2 * chunks   # in each copy-out: a block wholly inside C, and one clipped
         if epilogue.residual:
             assert ops["LDGSTS.E.BYPASS.128.ZFILL"] >= chunks
-    assert (ops["ATOMG.E.ADD.STRONG.GPU"] == 1) == (k["split_k"] > 1 or k["tail"] == "stream")
+    assert (ops["ATOMG.E.ADD.STRONG.GPU"] == 1) == (k["split_k"] > 1)
 
 
 HANDOFF = [dict(space.templates()["wgmma"].tried[0], stages=3, store="handoff"),

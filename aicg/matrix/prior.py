@@ -10,8 +10,7 @@ cp.async and plain loads, the SM count and a launch's overhead.
 
 A tiled realisation (wgmma, mma) takes the longest of:
   compute   whole waves of tiles (wave quantisation: tiles over the CTAs the
-            GPU holds at once, each tile padded to whole tiles and K slices;
-            a stream's last rounds take the longest CTA's run of K slices)
+            GPU holds at once, each tile padded to whole tiles and K slices)
             at the template's tensor-core rate per SM, scaled by how well a
             warp's tile reuses its operands (mma.sync) and by whether the
             copies are asynchronous
@@ -21,8 +20,7 @@ A tiled realisation (wgmma, mma) takes the longest of:
             several SMs read at once where the probe measured that
   DRAM      A, B and C (and the residual) once, at the bandwidth the bytes in
             flight (stages x slice bytes x resident CTAs) reach
-plus a split-K reduction's partial sums written and read back (a stream's: a
-tile a CTA's run ends in, through L2), and a launch.
+plus a split-K reduction's partial sums written and read back, and a launch.
 The decode realisation (gemv) streams the weight once: its bytes at the
 bandwidth its loads in flight reach, slowed where SMs hold unequal numbers
 of its CTAs (the even spread's one wave holds equal numbers), the partial
@@ -48,7 +46,7 @@ from .templates import RULES
 
 # Knobs each template's model reads; the others are ranked by the space's `tried` order.
 MODELLED_KNOBS = {
-    "wgmma": ("block_m", "block_n", "stages", "cluster_m", "cluster_n", "split_k", "tail"),
+    "wgmma": ("block_m", "block_n", "stages", "cluster_m", "cluster_n", "split_k"),
     "mma": ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "aligned"),
     "gemv": ("warps", "tiles", "unroll"),
 }
@@ -60,7 +58,7 @@ TRIED_ONLY_KNOBS = {"gemv": ("spread",)}
 # modelled knobs: values no matrix profile has measured yet, whose effect the calibration cannot
 # carry (it takes them as neutral), where the model alone would rank them first far from the regime
 # they were made for (clusters along N sharing A at M = 4096, say).
-TRIED_ONLY_VALUES = {"wgmma": {"cluster_n": (2, 4), "block_n": (32, 48, 96), "tail": ("stream",)}}
+TRIED_ONLY_VALUES = {"wgmma": {"cluster_n": (2, 4), "block_n": (32, 48, 96)}}
 # mma.sync on a GPU whose tensor cores also take wgmma reaches only part of their peak: the H100's
 # probe measured 631 of 962 TFLOP/s (hwdb/h100-sxm.toml, 2026-12-05).
 MMA_SYNC_SHARE_WITH_WGMMA = 0.66
@@ -182,8 +180,7 @@ def _wgmma(real: Realisation, p: Problem, hw: dict) -> Terms:
     k_blocks = -(-p.k // 64)
     units = tiles * splits
     ctas = max(cluster, hw["sm_count"] // cluster * cluster)
-    stream = rules.stream(real, p, int(hw["sm_count"]))
-    waves = stream.rounds() if stream else -(-units // ctas)
+    waves = -(-units // ctas)
     per_sm = hw[f"wgmma_flops.{p.dtype}"] / hw["sm_count"]
     coverage = _coverage(k["stages"], 2.0 * bm * bn * 64 / per_sm, hw["tma_latency_seconds"])
     compute = waves * 2.0 * bm * bn * 64 * -(-k_blocks // splits) / (per_sm * coverage)
@@ -191,11 +188,7 @@ def _wgmma(real: Realisation, p: Problem, hw: dict) -> Terms:
     l2 = tiles * k_blocks * slice_bytes / hw["tma_l2_read_bandwidth"]
     in_flight = k["stages"] * (bm + bn) * 64 * 2 * min(1.0, units / hw["sm_count"])
     dram = _io_bytes(p) / (hw["dram_read_bandwidth"] * _fill(in_flight, hw["tma_bytes_in_flight"]))
-    if stream:
-        cut = stream.ctas * cluster if stream.most_parts() > 1 else 0
-        reduction = 2.0 * cut * bm * bn * 4 / hw["l2_read_bandwidth"]
-    else:
-        reduction = (2.0 * units * bm * bn * 4 / hw["dram_read_bandwidth"]) if splits > 1 else 0.0
+    reduction = (2.0 * units * bm * bn * 4 / hw["dram_read_bandwidth"]) if splits > 1 else 0.0
     return Terms(compute, l2, dram, reduction, hw["launch_seconds"])
 
 

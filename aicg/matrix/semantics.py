@@ -33,10 +33,9 @@ PREDICATES = {
     "fused": lambda epilogue: epilogue.name != "plain",
     "evaluated": lambda activation: activation != "none",
     "hands_off": lambda store: store == "handoff",
-    "streams": lambda tail: tail == "stream",
 }
 CALL_PARAMS = {EPILOGUE: ("fused",), ACTIVATION: ("evaluated",)}
-KNOB_PREDICATES = ("true", "above_one", "hands_off", "streams")
+KNOB_PREDICATES = ("true", "above_one", "hands_off")
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ class Realisation:
 # Knob names as realisation names spell them (a word-valued knob needs none: its value says it).
 ABBREVIATIONS = {"block_m": "bm", "block_n": "bn", "block_k": "bk", "stages": "s", "cluster_m": "c", "cluster_n": "cn", "raster": "r",
                  "group": "g", "warps_m": "wm", "warps_n": "wn", "aligned": "al", "warps": "w", "tiles": "t",
-                 "unroll": "u", "schedule": "", "store": "", "split_k": "k", "ring": "rg", "spread": "", "tail": ""}
+                 "unroll": "u", "schedule": "", "store": "", "split_k": "k", "ring": "rg", "spread": ""}
 VALUE_ABBREVIATIONS = {"cooperative": "coop"}
 
 

@@ -11,10 +11,7 @@
 //                                GROUP), each cut along K into SPLIT_K units
 //                                (split_k.cuh: a fixed-order reduction)
 //   persistent CTAs              grid = the CTAs the GPU holds at once; each
-//                                walks units u, u + grid, ...; with TAIL_STREAM
-//                                the last round or two of tiles are one stream
-//                                of K slices cut into a run a CTA, a tile cut
-//                                by a run's end added up as split-K's are
+//                                walks units u, u + grid, ...
 //   producer warpgroup           warpgroup 0 gives registers back, one thread
 //                                issues the TMA copies slot after slot, unit
 //                                after unit
@@ -66,7 +63,6 @@
 #include "matrix/staging.cuh"
 #include "matrix/tiles.cuh"
 #include "matrix/wgmma_ops.cuh"
-#include "matrix/work.cuh"
 
 namespace aicg {
 namespace matrix {
@@ -208,14 +204,47 @@ struct RingPosition {
   }
 };
 
+// The launch's units: output tiles (for clusters, runs of CLUSTER_M
+// vertically or CLUSTER_N horizontally adjacent tiles) in grouped order, each
+// cut into `splits` consecutive K ranges of whole 64-wide slices. The host
+// computes the same numbers (aicg/matrix/templates/wgmma.py: Work).
+template <int BM, int BN, int CLUSTER_M, int RASTER, int GROUP, int SPLIT_K, int CLUSTER_N = 1>
+struct WgmmaWork {
+  int pair_rows, pair_cols, tiles_n, k_blocks, splits, per_split, total;
+
+  __device__ __forceinline__ WgmmaWork(int m, int n, int k) {
+    const int tiles_m = (m + BM - 1) / BM;
+    pair_rows = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;   // a cluster takes CLUSTER_M tiles down M
+    pair_cols = ((n + BN - 1) / BN + CLUSTER_N - 1) / CLUSTER_N;   // or CLUSTER_N across N
+    tiles_n = pair_cols * CLUSTER_N;                     // padded to whole clusters
+    k_blocks = (k + 63) / 64;
+    // at most SPLIT_K parts, none empty: every split holds at least one slice
+    per_split = (k_blocks + min(SPLIT_K, k_blocks) - 1) / min(SPLIT_K, k_blocks);
+    splits = (k_blocks + per_split - 1) / per_split;
+    total = pair_rows * pair_cols * splits;
+  }
+
+  // Unit u: the tile (already this CTA's of its cluster), its split, and
+  // that split's K slices [kb0, kb1).
+  __device__ __forceinline__ void unit(int u, unsigned rank, int& tm, int& tn, int& split, int& kb0, int& kb1) const {
+    const int t = u / splits;
+    split = u - t * splits;
+    tile_of<RASTER, GROUP>(t, pair_rows, pair_cols, tm, tn);
+    tm = tm * CLUSTER_M + (CLUSTER_M > 1 ? rank : 0);
+    tn = tn * CLUSTER_N + (CLUSTER_N > 1 ? rank : 0);
+    kb0 = split * per_split;
+    kb1 = min(k_blocks, kb0 + per_split);
+  }
+};
+
 template <typename T, int BM, int BN, int STAGES, int CLUSTER_M, int A_MAJOR, int B_MAJOR, int RASTER, int GROUP,
           int ACT, bool BIAS, bool RESIDUAL, int SCHEDULE = SCHEDULE_COOPERATIVE, int STORE = STORE_DIRECT,
-          int SPLIT_K = 1, int CLUSTER_N = 1, int TAIL = TAIL_WHOLE>
+          int SPLIT_K = 1, int CLUSTER_N = 1>
 __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const TmaDescriptor* b_map, T* c, int ldc,
                                            const T* bias, const T* residual, int ldr, int m, int n, int k,
                                            float* workspace, unsigned* tickets) {
   using Tile = WgmmaTile<T, BM, BN, STAGES, CLUSTER_M, A_MAJOR, B_MAJOR, SCHEDULE, CLUSTER_N>;
-  using Work = WgmmaWork<BM, BN, CLUSTER_M, RASTER, GROUP, SPLIT_K, CLUSTER_N, TAIL>;
+  using Work = WgmmaWork<BM, BN, CLUSTER_M, RASTER, GROUP, SPLIT_K, CLUSTER_N>;
   constexpr int CLUSTER = Tile::CLUSTER;
   // (a direct store builds no staged epilogue, but the type must exist: any width it takes will do)
   using Staged = StagedEpilogue<T, Tile::WG_M, STORE == STORE_STAGED ? BN : 64, ACT, BIAS, RESIDUAL>;
@@ -223,7 +252,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   static_assert(STORE == STORE_DIRECT || STORE == STORE_STAGED || STORE == STORE_HANDOFF, "a known store");
   static_assert(STORE == STORE_DIRECT || BN % 64 == 0, "a staged block's rows are whole 128-byte lines");
   static_assert(STORE != STORE_HANDOFF || (!Tile::PINGPONG && SPLIT_K == 1),
-                "the handed-off epilogue follows the cooperative schedule's units, K unsplit (or cut by a stream)");
+                "the handed-off epilogue follows the cooperative schedule's units, unsplit");
   // The handed-off epilogue's drainers need registers the producer's copy loop does not: the
   // producer warpgroup keeps 136 and the consumers, which no longer finish their blocks, take 184
   // (128 x 136 + 256 x 184 = 384 x 168, as before; with 120 the drainers' pipeline of a GELU spilled).
@@ -234,7 +263,6 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   __shared__ __align__(8) unsigned long long full_barriers[STAGES], empty_barriers[STAGES];
   __shared__ __align__(8) unsigned long long turn_barriers[Tile::CONSUMERS];   // pingpong: a K loop may start
   __shared__ unsigned last_unit[Tile::CONSUMERS];                              // split-K: the unit ends its tile
-  __shared__ unsigned handoff_skipped[Tile::CONSUMERS];                        // STORE_HANDOFF: a unit left no block
 
   // The ring: slot s at ring + s * STAGE_BYTES, A first, then B; after it, a
   // staging buffer for each consumer (STORE_STAGED), or a handoff buffer for
@@ -265,8 +293,8 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
   else
     __syncthreads();
 
-  const int first = blockIdx.x / CLUSTER;
-  const Work work(m, n, k, gridDim.x / CLUSTER);
+  const Work work(m, n, k);
+  const int first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
   const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0;
 
   if (warpgroup == 0) {
@@ -274,12 +302,13 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
     if constexpr (STORE == STORE_HANDOFF) {
       if (threadIdx.x >= 128 - Handoff::DRAINERS) {   // the drainers: every unit's blocks, consumer after consumer,
         const int drainer = threadIdx.x - (128 - Handoff::DRAINERS);   // but the last unit's (the consumers finish it)
-        WgmmaUnit w;
-        for (int item = 0; work.has(item + 1, first) && work.unit(item, first, rank, w); ++item) {
+        for (int u = first, item = 0; u + step < work.total; u += step, ++item) {
+          int tm, tn, split, kb0, kb1;
+          work.unit(u, rank, tm, tn, split, kb0, kb1);
 #pragma unroll 1
           for (int consumer = 0; consumer < Tile::CONSUMERS; ++consumer)
-            Handoff::of(consumer, handoff_area, handoff_skipped, c, ldc, bias, residual, ldr, m, n)
-                .drain(drainer, item, w.tm * BM + consumer * Tile::WG_M, w.tn * BN);
+            Handoff::of(consumer, handoff_area, c, ldc, bias, residual, ldr, m, n)
+                .drain(drainer, item, tm * BM + consumer * Tile::WG_M, tn * BN);
         }
       }
     }
@@ -287,13 +316,14 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       tma_prefetch_descriptor(a_map);
       tma_prefetch_descriptor(b_map);
       RingPosition<STAGES> at;
-      WgmmaUnit w;
-      for (int item = 0; work.unit(item, first, rank, w); ++item) {
-        for (int kb = w.kb0; kb < w.kb1; ++kb) {
+      for (int u = first; u < work.total; u += step) {
+        int tm, tn, split, kb0, kb1;
+        work.unit(u, rank, tm, tn, split, kb0, kb1);
+        for (int kb = kb0; kb < kb1; ++kb) {
           barrier_wait(empty0 + 8 * at.slot, at.phase ^ 1);
           barrier_arrive_expect(full0 + 8 * at.slot, Tile::STAGE_BYTES);
-          Tile::load_stage(a_map, b_map, ring + at.slot * Tile::STAGE_BYTES, full0 + 8 * at.slot, w.tm * BM,
-                           w.tn * BN, kb * Tile::BK, m, n, rank);
+          Tile::load_stage(a_map, b_map, ring + at.slot * Tile::STAGE_BYTES, full0 + 8 * at.slot, tm * BM, tn * BN,
+                           kb * Tile::BK, m, n, rank);
           at.advance();
         }
       }
@@ -308,17 +338,18 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
     float acc[Tile::M_ATOMS][Tile::ACC];
     RingPosition<STAGES> at;
     int mine = 0;   // units this consumer has taken (pingpong)
-    WgmmaUnit w;
-    for (int item = 0; work.unit(item, first, rank, w); ++item) {
+    for (int u = first, item = 0; u < work.total; u += step, ++item) {
+      int tm, tn, part, kb0, kb1;
+      work.unit(u, rank, tm, tn, part, kb0, kb1);
       if constexpr (Tile::PINGPONG) {
         if (item % Tile::CONSUMERS != consumer) {   // the other consumer's unit: its slices pass us by
-          at.skip(w.kb1 - w.kb0);
+          at.skip(kb1 - kb0);
           continue;
         }
       }
-      const int row0 = w.tm * BM + (Tile::PINGPONG ? 0 : consumer * Tile::WG_M), col0 = w.tn * BN;
+      const int row0 = tm * BM + (Tile::PINGPONG ? 0 : consumer * Tile::WG_M), col0 = tn * BN;
       // A split unit learns only after its K loop whether it finishes the tile (and needs the residual).
-      const bool split = (SPLIT_K > 1 || TAIL == TAIL_STREAM) && w.parts > 1;
+      const bool split = SPLIT_K > 1 && work.splits > 1;
       if constexpr (STORE == STORE_STAGED) {
         // before a pingpong consumer's turn: the copies' setup then runs while the other's K loop
         // keeps the tensor cores busy, not between the two K loops
@@ -337,7 +368,7 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       }
 
       int held = 0;   // the slot whose wgmma may still be reading it
-      for (int kb = w.kb0; kb < w.kb1; ++kb) {
+      for (int kb = kb0; kb < kb1; ++kb) {
         barrier_wait(full0 + 8 * at.slot, at.phase);
         wgmma_fence();
         const unsigned a = ring + at.slot * Tile::STAGE_BYTES, b = a + Tile::A_BYTES;
@@ -346,10 +377,10 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
 #pragma unroll
           for (int ks = 0; ks < Tile::BK / 16; ++ks)
             Wgmma<BN, T, A_MAJOR, B_MAJOR>::mma(acc[atom], Tile::a_descriptor(a, atom0 + atom, ks),
-                                                Tile::b_descriptor(b, ks), (kb > w.kb0 || ks > 0) ? 1 : 0);
+                                                Tile::b_descriptor(b, ks), (kb > kb0 || ks > 0) ? 1 : 0);
         }
         wgmma_commit();
-        if (kb > w.kb0) {
+        if (kb > kb0) {
           wgmma_wait<1>();   // the previous slice's group is done: its slot is free
           Tile::release(empty0 + 8 * held);
         }
@@ -364,21 +395,15 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
 #pragma unroll
       for (int atom = 0; atom < Tile::M_ATOMS; ++atom) touch_accumulators<Tile::ACC>(acc[atom]);
 
-      if constexpr (SPLIT_K > 1 || TAIL == TAIL_STREAM) {
+      if constexpr (SPLIT_K > 1) {
         if (split) {
-          using Reduction = SplitReduction<Tile::M_ATOMS * Tile::ACC, Tile::TILE_THREADS>;
-          const long long tile = static_cast<long long>(w.tm) * work.tiles_n + w.tn;
+          const long long tile = static_cast<long long>(tm) * work.tiles_n + tn;
           const int holder = Tile::PINGPONG ? thread : threadIdx.x - 128;
           const unsigned barrier = Tile::PINGPONG ? 1 + consumer : 3;
-          if (!Reduction::reduce(&acc[0][0], workspace, work.places(w, rank), tickets + tile, w.part, w.parts, holder,
-                                 barrier, last_unit + (Tile::PINGPONG ? consumer : 0))) {
-            // another unit of this tile adds the parts; the drainers learn there is no block
-            if constexpr (STORE == STORE_HANDOFF) {
-              if (work.has(item + 1, first))
-                Handoff::of(consumer, handoff_area, handoff_skipped, c, ldc, bias, residual, ldr, m, n).pass(item);
-            }
-            continue;
-          }
+          if (!SplitReduction<Tile::M_ATOMS * Tile::ACC, Tile::TILE_THREADS>::reduce(
+                  &acc[0][0], workspace, tickets, tile, part, work.splits, holder, barrier,
+                  last_unit + (Tile::PINGPONG ? consumer : 0)))
+            continue;   // another unit of this tile adds the parts
           if constexpr (STORE == STORE_STAGED) staged.prefetch(row0, col0);
         }
       }
@@ -386,8 +411,8 @@ __device__ __forceinline__ void gemm_wgmma(const TmaDescriptor* a_map, const Tma
       if constexpr (STORE == STORE_STAGED) {
         staged.finish(acc, row0, col0);
       } else if constexpr (STORE == STORE_HANDOFF) {
-        const Handoff handoff = Handoff::of(consumer, handoff_area, handoff_skipped, c, ldc, bias, residual, ldr, m, n);
-        if (work.has(item + 1, first)) {
+        const Handoff handoff = Handoff::of(consumer, handoff_area, c, ldc, bias, residual, ldr, m, n);
+        if (u + step < work.total) {
           handoff.park(acc, item);
         } else {   // no K loop left to hide the epilogue behind: the consumer finishes its block itself
           handoff.finish_last(acc, item, row0, col0, 1 + consumer);

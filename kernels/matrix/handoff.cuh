@@ -11,9 +11,6 @@
 //           drained of the previous block, writes its fragments rounded to T
 //           (2 results a 4-byte word), and arrives on the buffer's `filled`
 //           barrier (every thread: the arrival releases its writes)
-//   pass    a consumer whose unit leaves no block (a part of a split tile that
-//           another unit finishes): waits as park does, marks its buffer
-//           `skipped` and arrives on `filled`
 //   finish_last  a consumer, after the CTA's last K loop: parks as above, then
 //           (its warpgroup's named barrier instead of `filled`) drains its
 //           own block as the drainers would, with the same arithmetic
@@ -21,9 +18,8 @@
 //           turn: request the bias and the first residual words, wait on
 //           `filled`, then per 16-byte chunk of 8 results: the parked sums,
 //           epilogue.cuh's pair_word (float throughout, one rounding), a
-//           16-byte store, the next batch's residual requested ahead (a
-//           buffer marked `skipped` is passed by); then arrive on the
-//           buffer's `drained` barrier
+//           16-byte store, the next batch's residual requested ahead; then
+//           arrive on the buffer's `drained` barrier
 //
 // What this changes in the arithmetic: the sum is rounded to T before the
 // bias, activation and residual are applied in float (as an unfused chain
@@ -64,14 +60,11 @@ struct HandoffEpilogue {
   Direct direct;          // the arithmetic, and the element-at-a-time path
   unsigned buffer;        // shared address of this consumer's buffer
   unsigned filled, drained;
-  volatile unsigned* skipped;   // the buffer's unit left no block
   bool vectors;           // c, residual and bias all 16-byte aligned with leading dimensions of whole chunks
 
   __device__ __forceinline__ HandoffEpilogue(T* c, int ldc, const T* bias, const T* residual, int ldr, int m, int n,
-                                             unsigned buffer_, unsigned filled_, unsigned drained_,
-                                             volatile unsigned* skipped_)
-      : direct(c, ldc, bias, residual, ldr, m, n), buffer(buffer_), filled(filled_), drained(drained_),
-        skipped(skipped_) {
+                                             unsigned buffer_, unsigned filled_, unsigned drained_)
+      : direct(c, ldc, bias, residual, ldr, m, n), buffer(buffer_), filled(filled_), drained(drained_) {
     vectors = aligned_16(c) && ldc % 8 == 0 && (!BIAS || aligned_16(bias)) &&
               (!RESIDUAL || (aligned_16(residual) && ldr % 8 == 0));
   }
@@ -89,13 +82,11 @@ struct HandoffEpilogue {
     }
   }
 
-  // Consumer `consumer`'s buffer and barriers in the area at `area`, its mark in `marks[consumer]`.
-  static __device__ __forceinline__ HandoffEpilogue of(int consumer, unsigned area, volatile unsigned* marks, T* c,
-                                                       int ldc, const T* bias, const T* residual, int ldr, int m,
-                                                       int n) {
+  // Consumer `consumer`'s buffer and barriers in the area at `area`.
+  static __device__ __forceinline__ HandoffEpilogue of(int consumer, unsigned area, T* c, int ldc, const T* bias,
+                                                       const T* residual, int ldr, int m, int n) {
     const unsigned barriers = area + CONSUMERS * BLOCK_BYTES + 16 * consumer;
-    return HandoffEpilogue(c, ldc, bias, residual, ldr, m, n, area + consumer * BLOCK_BYTES, barriers, barriers + 8,
-                           marks + consumer);
+    return HandoffEpilogue(c, ldc, bias, residual, ldr, m, n, area + consumer * BLOCK_BYTES, barriers, barriers + 8);
   }
 
   static __device__ __forceinline__ unsigned offset(int row, int chunk) {
@@ -106,13 +97,6 @@ struct HandoffEpilogue {
   template <int ACC>
   __device__ __forceinline__ void park(const float (&acc)[M_ATOMS][ACC], int item) const {
     write(acc, item);
-    barrier_arrive(filled);
-  }
-
-  // Consumer side: the `item`-th unit leaves no block; the drainers pass it by.
-  __device__ __forceinline__ void pass(int item) const {
-    if (item > 0) barrier_wait(drained, (item - 1) & 1);   // they have read the mark's last value
-    if (threadIdx.x % 128 == 0) *skipped = 1;
     barrier_arrive(filled);
   }
 
@@ -139,7 +123,6 @@ struct HandoffEpilogue {
     static_assert(ACC == BN / 2, "BN / 2 accumulators a row block");
     const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32, q = lane % 4;
     if (item > 0) barrier_wait(drained, (item - 1) & 1);
-    if (thread == 0) *skipped = 0;
 #pragma unroll
     for (int atom = 0; atom < M_ATOMS; ++atom) {
 #pragma unroll
@@ -168,7 +151,7 @@ struct HandoffEpilogue {
       drain_whole<DRAINERS, true>(drainer, item, row0, col0);
     } else {
       barrier_wait(filled, item & 1);
-      if (!*skipped) drain_clipped<DRAINERS>(drainer, row0, col0);
+      drain_clipped<DRAINERS>(drainer, row0, col0);
     }
     barrier_arrive(drained);
   }
@@ -233,10 +216,7 @@ struct HandoffEpilogue {
     uint4 bias_words = make_uint4(0u, 0u, 0u, 0u), even[BATCH], odd[BATCH];
     if constexpr (BIAS) bias_words = *reinterpret_cast<const uint4*>(direct.bias + col0 + 8 * j);
     load_residual<THREADS>(even, 0, first_row, j, row0, col0);
-    if constexpr (WAIT) {
-      barrier_wait(filled, item & 1);
-      if (*skipped) return;
-    }
+    if constexpr (WAIT) barrier_wait(filled, item & 1);
     const unsigned bias[4] = {bias_words.x, bias_words.y, bias_words.z, bias_words.w};
 #pragma unroll 1
     for (int b = 0; b < BATCHES; b += 2) {

@@ -53,12 +53,7 @@ SCHEDULES = (dict(block_m=128, block_n=256, stages=3, schedule="cooperative", st
              dict(block_m=128, block_n=256, stages=3, schedule="cooperative", store="handoff"),
              dict(block_m=256, block_n=128, stages=3, schedule="cooperative", store="handoff"),
              dict(block_m=128, block_n=192, stages=4, schedule="cooperative", store="handoff"),
-             dict(block_m=128, block_n=256, stages=3, cluster_m=2, schedule="cooperative", store="handoff"),
-             # the last round or two of tiles as one stream of K slices over every CTA (stream-K)
-             dict(block_m=128, block_n=256, stages=3, schedule="cooperative", store="handoff", tail="stream"),
-             dict(block_m=128, block_n=256, stages=3, schedule="cooperative", store="staged", tail="stream"),
-             dict(block_m=128, block_n=256, stages=3, cluster_m=2, schedule="cooperative", store="staged",
-                  tail="stream"))
+             dict(block_m=128, block_n=256, stages=3, cluster_m=2, schedule="cooperative", store="handoff"))
 EPILOGUES = (Epilogue(), Epilogue(bias=True), Epilogue(bias=True, residual=True),
              Epilogue("gelu_erf", bias=True, residual=True), Epilogue("gelu_tanh", bias=True, residual=True))
 

@@ -17,20 +17,14 @@ MAX_ACCUMULATORS = 128        # of the 232 registers a consumer thread gets
 # A split-K launch keeps every unit's fp32 partial tile; past this much scratch memory a problem
 # has tiles enough to fill the GPU without splitting K, and a realisation that splits is not for it.
 MAX_WORKSPACE_BYTES = 1 << 30
-# A stream's cut is 32-bit arithmetic in the kernel (clusters x slices < 2^32): with up to this many
-# clusters, a stream of at most 2^32 / this many K slices.
-MAX_STREAM_CLUSTERS = 256
 SCHEDULE_CONSTANTS = {"cooperative": "aicg::matrix::SCHEDULE_COOPERATIVE",
                       "pingpong": "aicg::matrix::SCHEDULE_PINGPONG"}
 STORE_CONSTANTS = {"direct": "aicg::matrix::STORE_DIRECT", "staged": "aicg::matrix::STORE_STAGED",
                    "handoff": "aicg::matrix::STORE_HANDOFF"}
-TAIL_CONSTANTS = {"whole": "aicg::matrix::TAIL_WHOLE", "stream": "aicg::matrix::TAIL_STREAM"}
 HANDOFF_BARRIER_BYTES = 16    # a handed-off block's `filled` and `drained` barriers
-STREAM_PARTIALS_A_CTA = 2     # a stream's run publishes at most its first and its last piece
-# The kernel template's defaults for its last parameters (schedule, store, split_k, cluster_n, tail):
-# a realisation that keeps them is instantiated without them.
-TRAILING_DEFAULTS = (("schedule", "cooperative"), ("store", "direct"), ("split_k", 1), ("cluster_n", 1),
-                     ("tail", "whole"))
+# The kernel template's defaults for its last parameters (schedule, store, split_k, cluster_n): a
+# realisation that keeps them is instantiated without them.
+TRAILING_DEFAULTS = (("schedule", "cooperative"), ("store", "direct"), ("split_k", 1), ("cluster_n", 1))
 
 
 @dataclass(frozen=True)
@@ -40,7 +34,6 @@ class Work:
     tiles_n: int          # tile columns, padded to whole clusters along N
     k_blocks: int
     splits: int           # K ranges a tile is cut into (1: none)
-    cluster: int = 1      # CTAs a cluster (a unit is a run of that many tiles)
 
     @property
     def tiles(self) -> int:
@@ -49,65 +42,6 @@ class Work:
     @property
     def units(self) -> int:
         return self.tiles * self.splits
-
-
-@dataclass(frozen=True)
-class Stream:
-    """TAIL_STREAM's cut of a launch over `clusters` CTAs (clusters), as WgmmaWork makes it: the
-    tiles (cluster runs) dealt whole, and the rest as one stream of K slices in equal runs."""
-    work: Work
-    clusters: int
-
-    @property
-    def units(self) -> int:            # cluster runs of tiles
-        return self.work.units // self.work.cluster
-
-    @property
-    def whole_tiles(self) -> int:
-        u, g = self.units, self.clusters
-        return u if u % g == 0 else max(0, u // g - 1) * g
-
-    @property
-    def slices(self) -> int:
-        return (self.units - self.whole_tiles) * self.work.k_blocks
-
-    @property
-    def ctas(self) -> int:
-        return min(self.clusters, self.slices)
-
-    def run_start(self, c: int) -> int:
-        return c * self.slices // self.ctas
-
-    def run_of(self, s: int) -> int:
-        return -(-((s + 1) * self.ctas) // self.slices) - 1
-
-    def most_parts(self) -> int:
-        """The most parts any streamed tile is cut into (1: the stream cuts none)."""
-        k = self.work.k_blocks
-        return max((self.run_of(t + k - 1) - self.run_of(t) + 1 for t in range(0, self.slices, k)), default=1)
-
-    def pieces(self, c: int) -> list[tuple[int, int, int, int, int, int]]:
-        """CTA (cluster) c's pieces of the stream, as WgmmaWork::unit walks them: (tile, kb0, kb1,
-        part, parts, place of part 0 in the workspace, in parts, for rank 0)."""
-        if c >= self.ctas:
-            return []
-        k, found = self.work.k_blocks, []
-        begin, end = self.run_start(c), self.run_start(c + 1)
-        s = begin
-        while s < end:
-            t0 = s // k * k
-            first = c if s == t0 else self.run_of(t0)
-            slot = 0 if self.run_start(first) == t0 else 1
-            parts = self.run_of(t0 + k - 1) - first + 1
-            found.append((self.whole_tiles + s // k, s - t0, min(end, t0 + k) - t0, c - first, parts,
-                          first * self.work.cluster * STREAM_PARTIALS_A_CTA + slot))
-            s = t0 + k
-        return found
-
-    def rounds(self) -> float:
-        """The launch's length in tile times: whole rounds, then the longest run of the stream."""
-        longest = -(-self.slices // self.ctas) if self.slices else 0
-        return self.whole_tiles // self.clusters + longest / self.work.k_blocks
 
 
 class WgmmaRules(TemplateRules):
@@ -177,8 +111,6 @@ class WgmmaRules(TemplateRules):
             found.append(f"a {k['store']} block's rows are whole 128-byte lines: {k['block_n']} columns are not")
         if k["store"] == "handoff" and (k["schedule"] != "cooperative" or k["split_k"] > 1):
             found.append("a handed-off epilogue follows the cooperative schedule's units, with K unsplit")
-        if k["tail"] == "stream" and k["split_k"] > 1:
-            found.append("a stream cuts K itself: split_k must be 1")
         return found
 
     def template_arguments(self, real: Realisation) -> list[str]:
@@ -187,7 +119,7 @@ class WgmmaRules(TemplateRules):
                  MAJOR_CONSTANTS[real.a_major], MAJOR_CONSTANTS[real.b_major], RASTER_CONSTANTS[k["raster"]],
                  str(k["group"]), ACTIVATION_CONSTANTS[e.activation], bool_literal(e.bias), bool_literal(e.residual)]
         trailing = [SCHEDULE_CONSTANTS[k["schedule"]], STORE_CONSTANTS[k["store"]], str(k["split_k"]),
-                    str(k["cluster_n"]), TAIL_CONSTANTS[k["tail"]]]
+                    str(k["cluster_n"])]
         kept = [k[name] == default for name, default in TRAILING_DEFAULTS]
         while kept and kept[-1]:
             kept.pop()
@@ -217,36 +149,14 @@ class WgmmaRules(TemplateRules):
         k_blocks = -(-problem.k // BLOCK_K)
         parts = min(k["split_k"], k_blocks)
         per_split = -(-k_blocks // parts)
-        return Work(tiles_m, tiles_n, k_blocks, -(-k_blocks // per_split), along_m * along_n)
+        return Work(tiles_m, tiles_n, k_blocks, -(-k_blocks // per_split))
 
-    def resident_clusters(self, real: Realisation, sm_count: int, resident_clusters: int | None) -> int:
-        cluster = self.cluster(real)
-        return resident_clusters if cluster > 1 and resident_clusters else sm_count // cluster
-
-    def stream(self, real: Realisation, problem: Problem, sm_count: int,
-               resident_clusters: int | None = None) -> Stream | None:
-        """TAIL_STREAM's cut of the launch (None for a realisation that deals whole tiles)."""
-        if real.knob("tail") != "stream":
-            return None
+    def workspace_bytes(self, real: Realisation, problem: Problem) -> int:
         w = self.work(real, problem)
-        return Stream(w, max(1, min(self.resident_clusters(real, sm_count, resident_clusters),
-                                    w.units // w.cluster * w.k_blocks)))
-
-    def workspace_bytes(self, real: Realisation, problem: Problem, stream: Stream | None = None) -> int:
-        """Split-K's partial tiles, one a unit; a stream's, two a CTA (its run's first and last piece)."""
-        w, tile = self.work(real, problem), real.knob("block_m") * real.knob("block_n") * 4
-        if stream is not None:
-            return STREAM_PARTIALS_A_CTA * stream.clusters * w.cluster * tile if stream.most_parts() > 1 else 0
-        return w.units * tile if w.splits > 1 else 0
+        return w.units * real.knob("block_m") * real.knob("block_n") * 4 if w.splits > 1 else 0
 
     def unsupported(self, real: Realisation, problem: Problem) -> str | None:
         found = self.common_unsupported(real, problem) or aligned_leading_dimensions(problem)
-        if found is None and real.knob("tail") == "stream":
-            w = self.work(real, problem)
-            longest = min(w.units // w.cluster, 2 * MAX_STREAM_CLUSTERS) * w.k_blocks
-            if longest * MAX_STREAM_CLUSTERS >= 1 << 32:
-                found = (f"a stream of up to {longest} K slices: past {(1 << 32) // MAX_STREAM_CLUSTERS} the "
-                         f"kernel's 32-bit cut of it over the CTAs overflows")
         if found is None and self.workspace_bytes(real, problem) > MAX_WORKSPACE_BYTES:
             found = (f"split into {self.work(real, problem).splits} parts, {problem.name} needs "
                      f"{self.workspace_bytes(real, problem) / 2**20:.0f} MiB of partial sums (at most "
@@ -257,12 +167,9 @@ class WgmmaRules(TemplateRules):
                  blocks_per_sm: int | None = None) -> Geometry:
         cluster = self.cluster(real)
         w = self.work(real, problem)
-        stream = self.stream(real, problem, sm_count, resident_clusters)
-        if stream is not None:
-            clusters, splits = stream.clusters, stream.most_parts()
-        else:
-            clusters = max(1, min(self.resident_clusters(real, sm_count, resident_clusters), w.units // cluster))
-            splits = w.splits
-        tickets = 4 * w.tiles if splits > 1 else 0
+        cluster_units = w.units // cluster
+        resident = (resident_clusters if cluster > 1 and resident_clusters else sm_count // cluster)
+        clusters = max(1, min(resident, cluster_units))
+        tickets = 4 * w.tiles if w.splits > 1 else 0
         return Geometry((clusters * cluster, 1, 1), (THREADS, 1, 1), cluster, self.dynamic_shared_bytes(real),
-                        self.workspace_bytes(real, problem, stream), tickets, splits)
+                        self.workspace_bytes(real, problem), tickets, w.splits)
